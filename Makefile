@@ -1,0 +1,45 @@
+# SpeedInfer. `make run` serves the embedded demo; `make test` runs the suite on PostgreSQL and Redis.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/speedinfer
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+
+.PHONY: install install-dev run test lint bench clean help
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+install: $(VENV)/.installed ## create .venv with the runtime dependencies
+
+install-dev: $(VENV)/.installed-dev ## .venv plus test and lint tools
+
+run: install ## migrate, seed the demo and serve at http://127.0.0.1:$(PORT)
+	$(PY) manage.py migrate --noinput -v 0
+	$(PY) manage.py seeddemo
+	PORT=$(PORT) $(PY) manage.py rundemo --port $(PORT)
+
+test: install-dev ## the whole suite against PostgreSQL and Redis
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
+	SECRET_KEY=$${SECRET_KEY:-test-secret-key} DEBUG=0 ALLOWED_HOSTS='*' \
+	$(VENV)/bin/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+lint: install-dev ## ruff and mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
+
+clean: ## remove the venv and local state
+	rm -rf $(VENV) var

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+SCOPES = ("chat", "completions", "models", "usage", "admin")
+DEFAULT_SCOPES = ("chat", "completions", "models", "usage")
+
+
+class Account(models.Model):
+    """A customer: owns credits and API keys, and may have several dashboard users.
+
+    Money is integer micro-credits (1 credit = 1,000,000). `available` and
+    `reserved` change only through billing.services, each change with a ledger row.
+    """
+
+    name = models.CharField(max_length=200, unique=True)
+    available = models.BigIntegerField(default=0)
+    reserved = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(reserved__gte=0), name="account_reserved_non_negative")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    """Links a dashboard user to the one account they may see."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership")
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="memberships")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.account}"
+
+
+class ApiKey(models.Model):
+    """An API key. Only the HMAC-SHA256 digest of the secret is stored."""
+
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    lookup_id = models.CharField(max_length=16, unique=True)
+    digest = models.CharField(max_length=64)
+    scopes = models.JSONField(default=list)
+    allowed_models = models.JSONField(default=list, blank=True, help_text="Allowed public model ids; empty means all.")
+    rpm = models.PositiveIntegerField(null=True, blank=True)
+    tpm = models.PositiveIntegerField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix})"
+
+    @property
+    def prefix(self) -> str:
+        from accounts.keys import KEY_PREFIX
+
+        return f"{KEY_PREFIX}{self.lookup_id}"

@@ -1,0 +1,122 @@
+"""Writes for accounts, users and API keys."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from accounts import key_cache
+from accounts.keys import generate_key, key_digest
+from accounts.models import DEFAULT_SCOPES, SCOPES, Account, ApiKey, Membership
+
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class CreatedKey:
+    api_key: ApiKey
+    secret: str  # shown once, never stored
+
+
+def account_create(*, name: str) -> Account:
+    name = name.strip()
+    if not name:
+        raise ValidationError({"name": "must not be empty"})
+    if Account.objects.filter(name=name).exists():
+        raise ValidationError({"name": f"an account named {name!r} already exists"})
+    account = Account(name=name)
+    account.full_clean()
+    account.save()
+    return account
+
+
+def account_user_create(*, account: Account, email: str, password: str) -> AbstractBaseUser:
+    """A customer login for the dashboard, tied to one account."""
+    user_model = get_user_model()
+    email = email.strip().lower()
+    if not email or "@" not in email:
+        raise ValidationError({"owner": f"not an email address: {email!r}"})
+    if user_model.objects.filter(username=email).exists():
+        raise ValidationError({"owner": f"a user {email!r} already exists"})
+    if not password:
+        raise ValidationError({"password": "must not be empty"})
+    with transaction.atomic():
+        user = user_model.objects.create_user(username=email, email=email, password=password)
+        Membership.objects.create(user=user, account=account)
+    return user
+
+
+def _validate_scopes(scopes: Sequence[str]) -> list[str]:
+    cleaned = []
+    for scope in scopes:
+        scope = scope.strip()
+        if scope not in SCOPES:
+            raise ValidationError({"scopes": f"unknown scope {scope!r}; choose from {', '.join(SCOPES)}"})
+        if scope not in cleaned:
+            cleaned.append(scope)
+    if not cleaned:
+        raise ValidationError({"scopes": "at least one scope is required"})
+    return cleaned
+
+
+def api_key_create(
+    *,
+    account: Account,
+    name: str = "",
+    scopes: Sequence[str] | None = None,
+    allowed_models: Sequence[str] = (),
+    rpm: int | None = None,
+    tpm: int | None = None,
+    expires_at: datetime | None = None,
+) -> CreatedKey:
+    from billing.models import PublicModel
+
+    clean_scopes = _validate_scopes(list(scopes) if scopes is not None else list(DEFAULT_SCOPES))
+    models = [m.strip() for m in allowed_models if m.strip()]
+    unknown = sorted(
+        set(models) - set(PublicModel.objects.filter(model_id__in=models).values_list("model_id", flat=True))
+    )
+    if unknown:
+        raise ValidationError({"models": f"unknown model {unknown[0]!r}"})
+    for field, value in (("rpm", rpm), ("tpm", tpm)):
+        if value is not None and value < 1:
+            raise ValidationError({field: "must be a positive integer"})
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationError({"expires": "must be in the future"})
+    lookup, secret = generate_key()
+    api_key = ApiKey(
+        account=account,
+        name=name.strip() or f"key-{lookup[:6]}",
+        lookup_id=lookup,
+        digest=key_digest(secret),
+        scopes=clean_scopes,
+        allowed_models=models,
+        rpm=rpm,
+        tpm=tpm,
+        expires_at=expires_at,
+    )
+    api_key.full_clean()
+    api_key.save()
+    return CreatedKey(api_key=api_key, secret=secret)
+
+
+def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
+    """Revoke a key. Other processes notice within SPEEDINFER_KEY_CACHE_TTL seconds."""
+    if api_key.revoked_at is None:
+        ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        api_key.refresh_from_db(fields=["revoked_at"])
+    key_cache.forget(api_key.digest)
+    return api_key
+
+
+def api_key_touch(*, key_id: int) -> None:
+    """Record use, at most once per LAST_USED_RESOLUTION, with a conditional update."""
+    now = timezone.now()
+    ApiKey.objects.filter(pk=key_id).exclude(last_used_at__gte=now - LAST_USED_RESOLUTION).update(last_used_at=now)

@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.utils import timezone
+
+from accounts.models import Account, ApiKey
+
+MICRO = 1_000_000  # micro-credits per credit
+
+
+class PublicModel(models.Model):
+    """A public model id customers ask for, with its prices.
+
+    Prices are micro-credits per 1,000,000 tokens, which is the same integer as
+    "credits per token" times 10^12: a price given in credits with up to six
+    decimals is stored exactly.
+    """
+
+    model_id = models.CharField(max_length=200, unique=True)
+    input_price = models.BigIntegerField(help_text="micro-credits per 1,000,000 prompt tokens")
+    output_price = models.BigIntegerField(help_text="micro-credits per 1,000,000 completion tokens")
+    max_output_tokens = models.PositiveIntegerField(default=4096)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["model_id"]
+        verbose_name = "model"
+        constraints = [
+            models.CheckConstraint(condition=models.Q(input_price__gte=0), name="model_input_price_non_negative"),
+            models.CheckConstraint(condition=models.Q(output_price__gte=0), name="model_output_price_non_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return self.model_id
+
+
+class LedgerEntry(models.Model):
+    """Append-only: every change to an account's available or reserved amount.
+
+    Summing available_delta over an account's rows gives its available balance,
+    and reserved_delta its reserved amount.
+    """
+
+    class Kind(models.TextChoices):
+        GRANT = "grant"
+        RESERVE = "reserve"
+        SETTLE = "settle"
+        RELEASE = "release"
+        EXPIRE = "expire"
+
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="ledger")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    amount = models.BigIntegerField(help_text="micro-credits: granted, reserved, charged or released")
+    available_delta = models.BigIntegerField()
+    reserved_delta = models.BigIntegerField()
+    available_after = models.BigIntegerField()
+    reserved_after = models.BigIntegerField()
+    reference = models.CharField(max_length=100, blank=True, help_text="reservation or request id")
+    actor = models.CharField(max_length=150, blank=True, help_text="staff user, or 'gateway' / 'sweeper'")
+    note = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name_plural = "ledger entries"
+        indexes = [models.Index(fields=["account", "-id"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.amount} on {self.account_id}"
+
+
+class Reservation(models.Model):
+    """Credits held for one in-flight request until it is settled or released."""
+
+    class Status(models.TextChoices):
+        HELD = "held"
+        SETTLED = "settled"
+        RELEASED = "released"
+        EXPIRED = "expired"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="reservations")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True)
+    model_id = models.CharField(max_length=200)
+    amount = models.BigIntegerField()
+    # Prices are fixed when the credits are held, so a price change mid-request
+    # cannot make the settlement exceed what the customer was quoted.
+    input_price = models.BigIntegerField(default=0)
+    output_price = models.BigIntegerField(default=0)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.HELD)
+    request_id = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["created_at"], name="reservation_held_idx", condition=models.Q(status="held")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.status}"
+
+
+class UsageRecord(models.Model):
+    """Append-only: one row per finished request, charged or not."""
+
+    class Status(models.TextChoices):
+        OK = "ok"
+        FAILED = "failed"
+        CLIENT_DISCONNECTED = "client_disconnected"
+
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="usage")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True)
+    reservation = models.OneToOneField(Reservation, on_delete=models.PROTECT, null=True, blank=True)
+    request_id = models.CharField(max_length=100, blank=True, db_index=True)
+    endpoint = models.CharField(max_length=32, blank=True)
+    model_id = models.CharField(max_length=200)
+    worker_id = models.CharField(max_length=200, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    cost = models.BigIntegerField(default=0, help_text="micro-credits charged")
+    reserved = models.BigIntegerField(default=0, help_text="micro-credits that were held")
+    overrun = models.BigIntegerField(default=0, help_text="micro-credits charged beyond the reservation")
+    latency_ms = models.PositiveIntegerField(default=0)
+    ttft_ms = models.PositiveIntegerField(null=True, blank=True)
+    streamed = models.BooleanField(default=False)
+    status = models.CharField(max_length=32, choices=Status.choices, default=Status.OK)
+    error_code = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["account", "-created_at"]),
+            models.Index(fields=["api_key", "-created_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} {self.model_id} {self.status}"

@@ -1,0 +1,309 @@
+"""Writes that move money: grant, reserve, settle, release, expire.
+
+Every operation is one short transaction that changes the account row with a
+conditional UPDATE (never read-then-write), claims reservation state changes
+with a conditional UPDATE and a row-count check, and appends a ledger row with
+the balances after. No network I/O happens inside these transactions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from uuid import UUID
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from accounts.models import Account
+from billing.models import LedgerEntry, PublicModel, Reservation, UsageRecord
+from billing.pricing import cost_of
+
+# Called with the UsageRecord after its transaction commits (live dashboard,
+# metrics). Registered by the apps that want it, so billing imports none of them.
+usage_listeners: list[Callable[[UsageRecord], None]] = []
+
+
+class InsufficientCredits(Exception):
+    pass
+
+
+class InvalidAmount(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a request ended, for its usage record."""
+
+    worker_id: str = ""
+    endpoint: str = ""
+    latency_ms: int = 0
+    ttft_ms: int | None = None
+    streamed: bool = False
+
+
+def _ledger(
+    *,
+    account_id: int,
+    kind: str,
+    amount: int,
+    available_delta: int,
+    reserved_delta: int,
+    reference: str = "",
+    actor: str = "",
+    note: str = "",
+) -> LedgerEntry:
+    # Our UPDATE holds the account row's lock until commit, so this read sees
+    # exactly the balances our change produced.
+    available, reserved = Account.objects.filter(pk=account_id).values_list("available", "reserved").get()
+    return LedgerEntry.objects.create(
+        account_id=account_id,
+        kind=kind,
+        amount=amount,
+        available_delta=available_delta,
+        reserved_delta=reserved_delta,
+        available_after=available,
+        reserved_after=reserved,
+        reference=reference,
+        actor=actor,
+        note=note,
+    )
+
+
+def _notify_on_commit(record: UsageRecord) -> None:
+    def fire() -> None:
+        for listener in usage_listeners:
+            listener(record)
+
+    transaction.on_commit(fire)
+
+
+def credits_grant(*, account: Account, amount: int, actor: str, note: str = "") -> LedgerEntry:
+    """Add (or, negative, remove) available credits. A removal never takes available below zero."""
+    if amount == 0:
+        raise InvalidAmount("amount must not be zero")
+    with transaction.atomic(durable=True):
+        rows = Account.objects.filter(pk=account.pk)
+        if amount < 0:
+            rows = rows.filter(available__gte=-amount)
+        if rows.update(available=F("available") + amount) != 1:
+            raise InsufficientCredits(f"account {account.name!r} has less than {-amount} micro-credits available")
+        return _ledger(
+            account_id=account.pk,
+            kind=LedgerEntry.Kind.GRANT,
+            amount=amount,
+            available_delta=amount,
+            reserved_delta=0,
+            actor=actor,
+            note=note,
+        )
+
+
+def credits_reserve(
+    *,
+    account_id: int,
+    amount: int,
+    model: PublicModel,
+    api_key_id: int | None = None,
+    request_id: str = "",
+) -> Reservation:
+    """Hold `amount` micro-credits for one request, or raise InsufficientCredits."""
+    if amount <= 0:
+        raise InvalidAmount("a reservation must be positive")
+    with transaction.atomic(durable=True):
+        held = Account.objects.filter(pk=account_id, available__gte=amount).update(
+            available=F("available") - amount, reserved=F("reserved") + amount
+        )
+        if held != 1:
+            raise InsufficientCredits("insufficient credits for this request")
+        reservation = Reservation.objects.create(
+            account_id=account_id,
+            api_key_id=api_key_id,
+            model_id=model.model_id,
+            amount=amount,
+            input_price=model.input_price,
+            output_price=model.output_price,
+            request_id=request_id,
+        )
+        _ledger(
+            account_id=account_id,
+            kind=LedgerEntry.Kind.RESERVE,
+            amount=amount,
+            available_delta=-amount,
+            reserved_delta=amount,
+            reference=str(reservation.pk),
+            actor="gateway",
+        )
+    return reservation
+
+
+def _claim(reservation_id: UUID | str, status: str) -> Reservation | None:
+    """Move a held reservation to `status`; None when another path already closed it."""
+    claimed = Reservation.objects.filter(pk=reservation_id, status=Reservation.Status.HELD).update(
+        status=status, closed_at=timezone.now()
+    )
+    if claimed != 1:
+        return None
+    return Reservation.objects.get(pk=reservation_id)
+
+
+def reservation_settle(
+    *,
+    reservation_id: UUID | str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    outcome: Outcome,
+    status: str = UsageRecord.Status.OK,
+) -> UsageRecord | None:
+    """Charge the actual cost from authoritative usage and return the rest.
+
+    Idempotent: a second call (or one after release/expiry) charges nothing and
+    returns None. A cost above the reservation is charged in full and recorded
+    as an overrun: the worker's usage is authoritative.
+    """
+    if prompt_tokens < 0 or completion_tokens < 0:
+        raise InvalidAmount("token counts must not be negative")
+    with transaction.atomic(durable=True):
+        reservation = _claim(reservation_id, Reservation.Status.SETTLED)
+        if reservation is None:
+            return None
+        cost = cost_of(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            input_price=reservation.input_price,
+            output_price=reservation.output_price,
+        )
+        Account.objects.filter(pk=reservation.account_id).update(
+            available=F("available") + reservation.amount - cost, reserved=F("reserved") - reservation.amount
+        )
+        _ledger(
+            account_id=reservation.account_id,
+            kind=LedgerEntry.Kind.SETTLE,
+            amount=cost,
+            available_delta=reservation.amount - cost,
+            reserved_delta=-reservation.amount,
+            reference=str(reservation.pk),
+            actor="gateway",
+        )
+        record = UsageRecord.objects.create(
+            account_id=reservation.account_id,
+            api_key_id=reservation.api_key_id,
+            reservation=reservation,
+            request_id=reservation.request_id,
+            endpoint=outcome.endpoint,
+            model_id=reservation.model_id,
+            worker_id=outcome.worker_id,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cost=cost,
+            reserved=reservation.amount,
+            overrun=max(0, cost - reservation.amount),
+            latency_ms=outcome.latency_ms,
+            ttft_ms=outcome.ttft_ms,
+            streamed=outcome.streamed,
+            status=status,
+        )
+        _notify_on_commit(record)
+    return record
+
+
+def _return_held(reservation: Reservation, *, kind: str, actor: str, note: str = "") -> None:
+    Account.objects.filter(pk=reservation.account_id).update(
+        available=F("available") + reservation.amount, reserved=F("reserved") - reservation.amount
+    )
+    _ledger(
+        account_id=reservation.account_id,
+        kind=kind,
+        amount=reservation.amount,
+        available_delta=reservation.amount,
+        reserved_delta=-reservation.amount,
+        reference=str(reservation.pk),
+        actor=actor,
+        note=note,
+    )
+
+
+def reservation_release(
+    *, reservation_id: UUID | str, error_code: str = "", outcome: Outcome | None = None
+) -> UsageRecord | None:
+    """Return the whole reservation, charging nothing. Idempotent.
+
+    With an error code, a zero-cost usage record keeps the failed request
+    visible to the customer and to staff.
+    """
+    with transaction.atomic(durable=True):
+        reservation = _claim(reservation_id, Reservation.Status.RELEASED)
+        if reservation is None:
+            return None
+        _return_held(reservation, kind=LedgerEntry.Kind.RELEASE, actor="gateway", note=error_code)
+        if not error_code:
+            return None
+        outcome = outcome or Outcome()
+        record = UsageRecord.objects.create(
+            account_id=reservation.account_id,
+            api_key_id=reservation.api_key_id,
+            reservation=reservation,
+            request_id=reservation.request_id,
+            endpoint=outcome.endpoint,
+            model_id=reservation.model_id,
+            worker_id=outcome.worker_id,
+            reserved=reservation.amount,
+            latency_ms=outcome.latency_ms,
+            ttft_ms=outcome.ttft_ms,
+            streamed=outcome.streamed,
+            status=UsageRecord.Status.FAILED,
+            error_code=error_code,
+        )
+        _notify_on_commit(record)
+    return record
+
+
+def reservations_expire(*, older_than: timedelta) -> int:
+    """Release reservations held longer than `older_than` (their process died).
+
+    Each is claimed with a conditional update, so a late settle or a second
+    sweeper racing this one charges or releases it exactly once.
+    """
+    cutoff = timezone.now() - older_than
+    stale = list(
+        Reservation.objects.filter(status=Reservation.Status.HELD, created_at__lt=cutoff).values_list("pk", flat=True)[
+            :10_000
+        ]
+    )
+    expired = 0
+    for reservation_id in stale:
+        with transaction.atomic(durable=True):
+            reservation = _claim(reservation_id, Reservation.Status.EXPIRED)
+            if reservation is None:
+                continue
+            _return_held(reservation, kind=LedgerEntry.Kind.EXPIRE, actor="sweeper", note=f"held over {older_than}")
+            expired += 1
+    return expired
+
+
+def model_register(
+    *, model_id: str, input_price: int, output_price: int, max_output_tokens: int | None = None
+) -> tuple[PublicModel, bool]:
+    """Create or update a public model. Prices in micro-credits per 1,000,000 tokens."""
+    from django.core.exceptions import ValidationError
+
+    model_id = model_id.strip()
+    if not model_id:
+        raise ValidationError({"model_id": "must not be empty"})
+    if max_output_tokens is not None and max_output_tokens < 1:
+        raise ValidationError({"max_output_tokens": "must be a positive integer"})
+    with transaction.atomic():
+        model = PublicModel.objects.select_for_update().filter(model_id=model_id).first()
+        created = model is None
+        if model is None:
+            model = PublicModel(model_id=model_id)
+        model.input_price = input_price
+        model.output_price = output_price
+        if max_output_tokens is not None:
+            model.max_output_tokens = max_output_tokens
+        model.full_clean()
+        model.save()
+    return model, created

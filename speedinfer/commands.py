@@ -1,0 +1,49 @@
+"""A base for SpeedInfer's management commands: one-line errors, exit status 1."""
+
+from __future__ import annotations
+
+import sys
+from argparse import ArgumentParser
+from typing import Any, NoReturn
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+
+def _one_line(exc: ValidationError) -> str:
+    if hasattr(exc, "error_dict"):
+        field, errors = next(iter(exc.error_dict.items()))
+        messages = [m for e in errors for m in e.messages]
+        return f"{field}: {messages[0] if messages else 'invalid'}"
+    return exc.messages[0] if exc.messages else "invalid value"
+
+
+class _Parser(CommandParser):
+    def error(self, message: str) -> NoReturn:
+        if not self.called_from_command_line:
+            raise CommandError(message)
+        # argparse would exit 2; the contract says 1 with a one-line message.
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(1)
+
+
+class SpeedInferCommand(BaseCommand):
+    """Subclasses implement run(); ValidationError becomes `CommandError: field: message`."""
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.__class__ = _Parser
+        return parser
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        pass
+
+    def handle(self, *args: Any, **options: Any) -> str | None:
+        try:
+            return self.run(*args, **options)
+        except ValidationError as exc:
+            raise CommandError(_one_line(exc)) from None
+
+    def run(self, *args: Any, **options: Any) -> str | None:
+        raise NotImplementedError

@@ -1,0 +1,195 @@
+"""SpeedInfer settings, read from the environment (see CONTRACT.md and README.md).
+
+Unset DATABASE_URL / REDIS_URL give the embedded default: SQLite under var/ and
+in-process cache, broker and channel layer. Set, they give PostgreSQL and Redis.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from speedinfer.env import env_bool, env_float, env_int, env_list, env_str, env_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("SPEEDINFER_VAR_DIR", str(BASE_DIR / "var")))
+
+DATABASE_URL = env_url("DATABASE_URL", schemes=("postgres", "postgresql", "sqlite"))
+REDIS_URL = env_url("REDIS_URL", schemes=("redis", "rediss", "unix"))
+EMBEDDED = not DATABASE_URL
+
+# The embedded default is a developer's machine, so DEBUG defaults on there and
+# off in production, where SECRET_KEY must then be given.
+DEBUG = env_bool("DEBUG", EMBEDDED)
+
+
+def _secret_key() -> str:
+    configured = env_str("SECRET_KEY")
+    if configured:
+        return configured
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+    # API keys are HMAC'd with this secret, so a dev secret must survive restarts
+    # or every demo key would stop working; keep one per checkout under var/.
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"] if DEBUG else [])
+if not DEBUG and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS must be set when DEBUG is off")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "accounts",
+    "billing",
+    "workers",
+    "proxy",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "speedinfer.urls"
+ASGI_APPLICATION = "speedinfer.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _databases() -> dict[str, Any]:
+    if DATABASE_URL:
+        try:
+            config = dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True)
+        except Exception as exc:  # dj_database_url raises several types for bad URLs
+            raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
+        return {"default": config}
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    return {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": VAR_DIR / "speedinfer.sqlite3",
+            # WAL lets the probe scheduler write while the gateway reads.
+            "OPTIONS": {"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE", "timeout": 20},
+        }
+    }
+
+
+DATABASES = _databases()
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+if REDIS_URL:
+    CACHES: dict[str, Any] = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    }
+    CHANNEL_LAYERS: dict[str, Any] = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
+
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/dashboard/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "accounts.api_auth.ApiKeyAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["accounts.api_auth.IsStaffOrAdminKey"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "speedinfer.errors.drf_exception_handler",
+}
+
+# Celery: Redis in production; in the embedded default the schedule is run by
+# `manage.py runschedule` (see README), which calls the same task functions.
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = "UTC"
+
+# SpeedInfer's own knobs.
+SPEEDINFER_PROBE_INTERVAL = env_float("SPEEDINFER_PROBE_INTERVAL", 10.0, minimum=0.5)
+SPEEDINFER_PROBE_TIMEOUT = env_float("SPEEDINFER_PROBE_TIMEOUT", 5.0, minimum=0.1)
+SPEEDINFER_CIRCUIT_FAILURE_THRESHOLD = env_int("SPEEDINFER_CIRCUIT_FAILURE_THRESHOLD", 3, minimum=1)
+SPEEDINFER_CIRCUIT_COOLDOWN = env_float("SPEEDINFER_CIRCUIT_COOLDOWN", 30.0, minimum=0.0)
+SPEEDINFER_RESERVATION_TTL = env_int("SPEEDINFER_RESERVATION_TTL", 900, minimum=1)
+SPEEDINFER_SWEEP_INTERVAL = env_float("SPEEDINFER_SWEEP_INTERVAL", 60.0, minimum=1.0)
+SPEEDINFER_KEY_CACHE_TTL = env_float("SPEEDINFER_KEY_CACHE_TTL", 5.0, minimum=0.0)
+SPEEDINFER_ROUTING_CACHE_TTL = env_float("SPEEDINFER_ROUTING_CACHE_TTL", 1.0, minimum=0.0)
+SPEEDINFER_DEFAULT_MAX_OUTPUT_TOKENS = env_int("SPEEDINFER_DEFAULT_MAX_OUTPUT_TOKENS", 4096, minimum=1)
+SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT", 5.0, minimum=0.1)
+SPEEDINFER_UPSTREAM_READ_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_READ_TIMEOUT", 120.0, minimum=0.1)
+SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT", 600.0, minimum=0.1)
+
+CELERY_BEAT_SCHEDULE = {
+    "probe-workers": {"task": "workers.tasks.probe_all_workers", "schedule": SPEEDINFER_PROBE_INTERVAL},
+    "sweep-reservations": {"task": "billing.tasks.sweep_reservations", "schedule": SPEEDINFER_SWEEP_INTERVAL},
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,32 @@
+"""Factories for every app, in one place."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from accounts.models import Account
+from accounts.services import CreatedKey, account_create, api_key_create
+from billing.models import MICRO, PublicModel
+from billing.services import credits_grant, model_register
+
+_seq = itertools.count(1)
+
+
+def make_account(*, name: str | None = None, credits: int = 0) -> Account:
+    account = account_create(name=name or f"account-{next(_seq)}")
+    if credits:
+        credits_grant(account=account, amount=credits * MICRO, actor="test")
+        account.refresh_from_db()
+    return account
+
+
+def make_model(
+    *, model_id: str = "acme/model-1", input_price: int = 1 * MICRO, output_price: int = 2 * MICRO, **kwargs: Any
+) -> PublicModel:
+    model, _ = model_register(model_id=model_id, input_price=input_price, output_price=output_price, **kwargs)
+    return model
+
+
+def make_key(*, account: Account, **kwargs: Any) -> CreatedKey:
+    return api_key_create(account=account, **kwargs)

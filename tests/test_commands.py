@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from accounts.models import Account, ApiKey
+from accounts.selectors import api_key_authenticate
+from billing.models import PublicModel
+from tests.factories import make_account, make_model
+
+pytestmark = pytest.mark.django_db
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str) -> str:
+    from io import StringIO
+
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_createaccount_prints_the_id_last_and_makes_the_owner_login(monkeypatch):
+    monkeypatch.setenv("SPEEDINFER_PASSWORD", "s3cret-pass-word")
+    out = run("createaccount", "acme", "--owner", "Ops@Acme.test")
+    account = Account.objects.get(name="acme")
+    assert out.strip().splitlines()[-1] == str(account.pk)
+    assert account.memberships.get().user.check_password("s3cret-pass-word")
+    with pytest.raises(CommandError, match="already exists"):
+        run("createaccount", "acme")
+
+
+def test_grantcredits_by_name_or_id_with_exact_decimals():
+    account = make_account(name="acme")
+    run("grantcredits", "acme", "12.5", "--note", "welcome")
+    run("grantcredits", str(account.pk), "0.000001")
+    account.refresh_from_db()
+    assert account.available == 12_500_001
+    for bad, message in (("abc", "not a decimal"), ("1.0000001", "6 decimal"), ("0", "zero")):
+        with pytest.raises(CommandError, match=message):
+            run("grantcredits", "acme", bad)
+    with pytest.raises(CommandError, match="no account"):
+        run("grantcredits", "nobody", "1")
+
+
+def test_createapikey_prints_a_working_secret_once():
+    make_account(name="acme")
+    make_model(model_id="acme/model-1")
+    out = run(
+        "createapikey",
+        "acme",
+        "--name",
+        "ci",
+        "--scopes",
+        "chat,usage",
+        "--models",
+        "acme/model-1",
+        "--rpm",
+        "60",
+        "--tpm",
+        "1000",
+        "--expires",
+        "2999-01-01",
+    )
+    secret = out.strip().splitlines()[-1]
+    result = api_key_authenticate(raw_key=secret)
+    assert result.key is not None and result.key.scopes == {"chat", "usage"} and result.key.rpm == 60
+    assert secret not in "".join(ApiKey.objects.values_list("digest", flat=True))
+    for args, message in (
+        (("--scopes", "chat,root"), "unknown scope"),
+        (("--models", "nope/x"), "unknown model"),
+        (("--expires", "tomorrow"), "ISO 8601"),
+        (("--expires", "2001-01-01"), "future"),
+    ):
+        with pytest.raises(CommandError, match=message):
+            run("createapikey", "acme", *args)
+
+
+def test_revokeapikey_by_prefix_or_name():
+    make_account(name="acme")
+    secret = run("createapikey", "acme", "--name", "ci").strip().splitlines()[-1]
+    run("revokeapikey", "ci")
+    assert api_key_authenticate(raw_key=secret).reason == "revoked"
+    with pytest.raises(CommandError, match="no single key"):
+        run("revokeapikey", "sk-si-doesnotexist")
+
+
+def test_registermodel_creates_then_updates():
+    run("registermodel", "acme/model-1", "--input-price", "0.5", "--output-price", "1.25", "--max-output-tokens", "256")
+    run("registermodel", "acme/model-1", "--input-price", "0.75", "--output-price", "1.25")
+    model = PublicModel.objects.get(model_id="acme/model-1")
+    assert (model.input_price, model.output_price, model.max_output_tokens) == (750_000, 1_250_000, 256)
+    with pytest.raises(CommandError, match="input-price"):
+        run("registermodel", "x", "--input-price", "-1", "--output-price", "1")
+
+
+def test_bad_input_exits_1_with_one_line_and_no_traceback(subprocess_env):
+    env = subprocess_env
+    proc = subprocess.run(
+        [sys.executable, "manage.py", "grantcredits", "no-such-account", "5"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "CommandError: account: no account 'no-such-account'"
+    proc = subprocess.run(
+        [sys.executable, "manage.py", "createapikey"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "required" in proc.stderr

@@ -1,0 +1,196 @@
+from __future__ import annotations
+
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from billing.models import MICRO, LedgerEntry, Reservation, UsageRecord
+from billing.pricing import AmountError, cost_of, format_credits, parse_credits
+from billing.selectors import ledger_totals
+from billing.services import (
+    InsufficientCredits,
+    Outcome,
+    credits_grant,
+    credits_reserve,
+    reservation_release,
+    reservation_settle,
+    reservations_expire,
+)
+from tests.factories import make_account, make_model
+
+pytestmark = pytest.mark.django_db
+
+
+def assert_ledger_balances(account):
+    account.refresh_from_db()
+    totals = ledger_totals(account=account)
+    assert (totals.available, totals.reserved) == (account.available, account.reserved)
+    assert account.available >= 0 and account.reserved >= 0
+
+
+def test_prices_parse_exactly_and_costs_round_up():
+    assert parse_credits("1.5") == 1_500_000
+    assert parse_credits("0.000001") == 1
+    with pytest.raises(AmountError, match="6 decimal"):
+        parse_credits("0.0000001")
+    with pytest.raises(AmountError, match="negative"):
+        parse_credits("-1")
+    with pytest.raises(AmountError):
+        parse_credits("ten")
+    assert format_credits(1_500_000) == "1.500000"
+    # 3 tokens at 1 credit per 1M tokens = 3 micro-credits; 1 token at 0.5 credits/1M rounds up to 1.
+    assert cost_of(prompt_tokens=3, completion_tokens=0, input_price=MICRO, output_price=0) == 3
+    assert cost_of(prompt_tokens=1, completion_tokens=0, input_price=MICRO // 2, output_price=0) == 1
+
+
+def test_reserve_then_settle_charges_the_actual_cost_and_returns_the_rest():
+    account = make_account(credits=10)
+    model = make_model(input_price=1 * MICRO, output_price=2 * MICRO)
+    reservation = credits_reserve(account_id=account.pk, amount=5 * MICRO, model=model, request_id="r1")
+    account.refresh_from_db()
+    assert (account.available, account.reserved) == (5 * MICRO, 5 * MICRO)
+
+    record = reservation_settle(
+        reservation_id=reservation.pk, prompt_tokens=1000, completion_tokens=500, outcome=Outcome(worker_id="w1")
+    )
+    assert record is not None and record.cost == 2000  # 1000*1 + 500*2 micro-credits
+    account.refresh_from_db()
+    assert (account.available, account.reserved) == (10 * MICRO - 2000, 0)
+    assert_ledger_balances(account)
+
+
+def test_settling_twice_charges_once():
+    account = make_account(credits=10)
+    reservation = credits_reserve(account_id=account.pk, amount=MICRO, model=make_model())
+    first = reservation_settle(reservation_id=reservation.pk, prompt_tokens=10, completion_tokens=10, outcome=Outcome())
+    second = reservation_settle(
+        reservation_id=reservation.pk, prompt_tokens=10, completion_tokens=10, outcome=Outcome()
+    )
+    assert first is not None and second is None
+    assert UsageRecord.objects.filter(account=account).count() == 1
+    assert_ledger_balances(account)
+
+
+def test_release_charges_nothing_and_is_idempotent():
+    account = make_account(credits=3)
+    reservation = credits_reserve(account_id=account.pk, amount=2 * MICRO, model=make_model())
+    record = reservation_release(reservation_id=reservation.pk, error_code="upstream_error")
+    assert record is not None and record.cost == 0 and record.status == "failed"
+    assert reservation_release(reservation_id=reservation.pk, error_code="upstream_error") is None
+    # A late settle after a release must not charge.
+    assert (
+        reservation_settle(reservation_id=reservation.pk, prompt_tokens=5, completion_tokens=5, outcome=Outcome())
+        is None
+    )
+    account.refresh_from_db()
+    assert (account.available, account.reserved) == (3 * MICRO, 0)
+    assert_ledger_balances(account)
+
+
+def test_reserve_refuses_what_does_not_fit():
+    account = make_account(credits=1)
+    with pytest.raises(InsufficientCredits):
+        credits_reserve(account_id=account.pk, amount=MICRO + 1, model=make_model())
+    account.refresh_from_db()
+    assert (account.available, account.reserved) == (MICRO, 0)
+    assert not Reservation.objects.exists()
+
+
+def test_an_overrun_is_charged_and_recorded():
+    account = make_account(credits=10)
+    reservation = credits_reserve(account_id=account.pk, amount=100, model=make_model())
+    record = reservation_settle(
+        reservation_id=reservation.pk, prompt_tokens=100, completion_tokens=0, outcome=Outcome()
+    )
+    assert record is not None and record.cost == 100
+    reservation = credits_reserve(account_id=account.pk, amount=100, model=make_model())
+    record = reservation_settle(
+        reservation_id=reservation.pk, prompt_tokens=150, completion_tokens=0, outcome=Outcome()
+    )
+    assert record is not None and (record.cost, record.overrun) == (150, 50)
+    assert_ledger_balances(account)
+
+
+def test_the_sweeper_releases_only_stale_reservations():
+    account = make_account(credits=10)
+    model = make_model()
+    stale = credits_reserve(account_id=account.pk, amount=MICRO, model=model)
+    fresh = credits_reserve(account_id=account.pk, amount=MICRO, model=model)
+    Reservation.objects.filter(pk=stale.pk).update(created_at=timezone.now() - timedelta(hours=1))
+    assert reservations_expire(older_than=timedelta(minutes=15)) == 1
+    assert reservations_expire(older_than=timedelta(minutes=15)) == 0
+    assert Reservation.objects.get(pk=stale.pk).status == "expired"
+    assert Reservation.objects.get(pk=fresh.pk).status == "held"
+    account.refresh_from_db()
+    assert (account.available, account.reserved) == (9 * MICRO, MICRO)
+    assert_ledger_balances(account)
+
+
+def test_a_negative_grant_cannot_overdraw():
+    account = make_account(credits=2)
+    with pytest.raises(InsufficientCredits):
+        credits_grant(account=account, amount=-3 * MICRO, actor="staff")
+    credits_grant(account=account, amount=-2 * MICRO, actor="staff", note="refund reversal")
+    account.refresh_from_db()
+    assert account.available == 0
+    assert LedgerEntry.objects.filter(account=account, kind="grant").count() == 2
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_reservations_never_overdraw_and_the_ledger_balances():
+    """40 threads race to reserve 1 credit each against 10 credits; then mixed closes race too.
+
+    A read-then-write reservation would let several threads see the same balance
+    and overdraw; the conditional UPDATE lets exactly 10 through.
+    """
+    account = make_account(credits=10)
+    model = make_model()
+    barrier = threading.Barrier(40)
+
+    def reserve(i: int) -> str | None:
+        try:
+            barrier.wait()
+            return str(credits_reserve(account_id=account.pk, amount=MICRO, model=model, request_id=f"c{i}").pk)
+        except InsufficientCredits:
+            return None
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        results = list(pool.map(reserve, range(40)))
+    held = [r for r in results if r]
+    assert len(held) == 10
+    account.refresh_from_db()
+    assert (account.available, account.reserved) == (0, 10 * MICRO)
+
+    # Close every reservation from two racing paths at once (settle vs release vs expire).
+    rng = random.Random(7)
+
+    def close(reservation_id: str) -> None:
+        try:
+            action = rng.choice(["settle", "release", "expire"])
+            if action == "settle":
+                reservation_settle(
+                    reservation_id=reservation_id, prompt_tokens=100, completion_tokens=50, outcome=Outcome()
+                )
+            elif action == "release":
+                reservation_release(reservation_id=reservation_id, error_code="upstream_error")
+            else:
+                reservations_expire(older_than=timedelta(seconds=-60))
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        list(pool.map(close, held + held))
+    assert not Reservation.objects.filter(status="held").exists()
+    account.refresh_from_db()
+    assert account.reserved == 0
+    settled = UsageRecord.objects.filter(account=account, status="ok").count()
+    assert account.available == 10 * MICRO - settled * 200
+    assert_ledger_balances(account)
