@@ -5,16 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Model
 from django.utils import timezone
 
 from accounts import key_cache
 from accounts.keys import generate_key, key_digest
-from accounts.models import DEFAULT_SCOPES, SCOPES, Account, ApiKey, Membership
+from accounts.models import DEFAULT_SCOPES, SCOPES, Account, ApiKey, AuditLog, Membership
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
@@ -120,3 +122,68 @@ def api_key_touch(*, key_id: int) -> None:
     """Record use, at most once per LAST_USED_RESOLUTION, with a conditional update."""
     now = timezone.now()
     ApiKey.objects.filter(pk=key_id).exclude(last_used_at__gte=now - LAST_USED_RESOLUTION).update(last_used_at=now)
+
+
+def _actor_name(actor: object) -> str:
+    if actor is None:
+        return ""
+    if isinstance(actor, str):
+        return actor
+    username = getattr(actor, "username", None) or getattr(actor, "get_username", lambda: "")()
+    return str(username or actor)[:150]
+
+
+def audit_record(*, actor: object, action: str, target: object, detail: dict[str, Any] | None = None) -> AuditLog:
+    """Append an audit row for a staff change (keys, credits, workers, prices).
+
+    `actor` is a user, an API-key principal or a plain string; `target` a model
+    instance or a string. Call it inside the change's transaction where there is one.
+    Never put a secret in `detail`.
+    """
+    if isinstance(target, Model):
+        target_type = target._meta.label_lower
+        target_id = str(target.pk)
+    else:
+        target_type, target_id = "", ""
+    return AuditLog.objects.create(
+        actor=_actor_name(actor),
+        action=action,
+        target_type=target_type,
+        target_id=target_id,
+        target_repr=str(target)[:300],
+        detail=detail or {},
+    )
+
+
+def api_key_update(
+    *,
+    api_key: ApiKey,
+    name: str,
+    scopes: Sequence[str],
+    allowed_models: Sequence[str],
+    rpm: int | None,
+    tpm: int | None,
+    expires_at: datetime | None,
+) -> ApiKey:
+    """Change a key's settings; other processes see it within SPEEDINFER_KEY_CACHE_TTL seconds."""
+    from billing.models import PublicModel
+
+    clean_scopes = _validate_scopes(list(scopes))
+    wanted = [m.strip() for m in allowed_models if m.strip()]
+    known = set(PublicModel.objects.filter(model_id__in=wanted).values_list("model_id", flat=True))
+    unknown = sorted(set(wanted) - known)
+    if unknown:
+        raise ValidationError({"models": f"unknown model {unknown[0]!r}"})
+    for field, value in (("rpm", rpm), ("tpm", tpm)):
+        if value is not None and value < 1:
+            raise ValidationError({field: "must be a positive integer"})
+    api_key.name = name.strip() or api_key.name
+    api_key.scopes = clean_scopes
+    api_key.allowed_models = wanted
+    api_key.rpm = rpm
+    api_key.tpm = tpm
+    api_key.expires_at = expires_at
+    api_key.full_clean()
+    api_key.save(update_fields=["name", "scopes", "allowed_models", "rpm", "tpm", "expires_at"])
+    key_cache.forget(api_key.digest)
+    return api_key

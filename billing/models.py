@@ -137,6 +137,15 @@ class UsageRecord(models.Model):
         indexes = [
             models.Index(fields=["account", "-created_at"]),
             models.Index(fields=["api_key", "-created_at"]),
+            # Covers the dashboard's per-day / per-model sums: an index-only scan
+            # over one account's date range, never the table (see README).
+            models.Index(
+                fields=["account", "created_at"],
+                include=["model_id", "prompt_tokens", "completion_tokens", "cost", "status"],
+                name="usage_account_day_cover",
+            ),
+            # Staff-wide aggregates and the admin's date filter.
+            models.Index(fields=["created_at"], name="usage_created_idx"),
         ]
 
     def __str__(self) -> str:

@@ -1,0 +1,40 @@
+// Draws the usage page's charts from the JSON the server embedded (json_script).
+(function () {
+  const source = document.getElementById("chart-data");
+  if (!source || typeof Chart === "undefined") return;
+  const data = JSON.parse(source.textContent);
+  const palette = ["#2f6fed", "#12b76a", "#f79009", "#9e77ed", "#f04438", "#06aed4", "#667085", "#ee46bc"];
+
+  function datasets(series) {
+    return Object.keys(series).sort().map((model, i) => ({
+      label: model,
+      data: series[model],
+      backgroundColor: palette[i % palette.length],
+      borderWidth: 0,
+      stack: "models",
+    }));
+  }
+
+  function draw(id, series, label) {
+    const canvas = document.getElementById(id);
+    if (!canvas) return;
+    new Chart(canvas, {
+      type: "bar",
+      data: { labels: data.days, datasets: datasets(series) },
+      options: {
+        responsive: true,
+        maintainAspectRatio: false,
+        animation: false,
+        interaction: { mode: "index", intersect: false },
+        plugins: { legend: { position: "bottom" } },
+        scales: {
+          x: { stacked: true, grid: { display: false } },
+          y: { stacked: true, beginAtZero: true, title: { display: true, text: label } },
+        },
+      },
+    });
+  }
+
+  draw("tokens-chart", data.tokens, "tokens");
+  draw("cost-chart", data.cost, "credits");
+})();

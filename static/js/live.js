@@ -1,0 +1,60 @@
+// Live feed: new usage records arrive over a WebSocket and are prepended to the
+// "Recent requests" table. Without JavaScript the page is simply not live.
+(function () {
+  const body = document.getElementById("recent-rows");
+  if (!body || !("WebSocket" in window)) return;
+  const status = document.getElementById("live-status");
+  const empty = document.getElementById("recent-empty");
+  const maxRows = 50;
+  let delay = 1000;
+
+  function cell(text, className) {
+    const td = document.createElement("td");
+    if (className) td.className = className;
+    td.textContent = text;
+    return td;
+  }
+
+  function addRow(u) {
+    const tr = document.createElement("tr");
+    tr.className = "fresh";
+    tr.dataset.requestId = u.request_id;
+    const time = document.createElement("td");
+    const t = document.createElement("time");
+    t.dateTime = u.created_at;
+    t.textContent = u.created_at.replace("T", " ").slice(0, 19);
+    time.appendChild(t);
+    tr.appendChild(time);
+    tr.appendChild(cell(u.model, "mono"));
+    const st = document.createElement("td");
+    const badge = document.createElement("span");
+    badge.className = "badge badge-" + u.status;
+    badge.textContent = u.status_display;
+    st.appendChild(badge);
+    if (u.error_code) st.appendChild(document.createTextNode(" " + u.error_code));
+    tr.appendChild(st);
+    tr.appendChild(cell(String(u.prompt_tokens), "num"));
+    tr.appendChild(cell(String(u.completion_tokens), "num"));
+    tr.appendChild(cell(u.cost, "num"));
+    tr.appendChild(cell(u.latency_ms + " ms", "num"));
+    body.insertBefore(tr, body.firstChild);
+    while (body.rows.length > maxRows) body.deleteRow(body.rows.length - 1);
+    if (empty) empty.hidden = true;
+  }
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    const socket = new WebSocket(scheme + location.host + "/ws/usage/");
+    socket.onopen = () => { delay = 1000; if (status) status.hidden = false; };
+    socket.onmessage = (event) => {
+      const message = JSON.parse(event.data);
+      if (message.type === "usage") addRow(message.usage);
+    };
+    socket.onclose = () => {
+      if (status) status.hidden = true;
+      setTimeout(connect, delay);
+      delay = Math.min(delay * 2, 30000);
+    };
+  }
+  connect();
+})();
