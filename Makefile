@@ -6,8 +6,12 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/speedinfer
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+# The real Triton server for tests: nvidia-pytriton's tritonserver in a venv of its own, made with Debian's
+# python3.11 because the Python backend stub links its libpython (see README, Workers).
+TRITON_VENV ?= $(HOME)/.cache/speedinfer/triton-venv
+TRITON_PYTHON ?= /usr/bin/python3.11
 
-.PHONY: install install-dev run test lint bench clean help
+.PHONY: install install-dev run test lint bench clean help triton
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -31,10 +35,23 @@ run: install ## migrate, seed the demo and serve at http://127.0.0.1:$(PORT)
 	$(PY) manage.py seeddemo
 	PORT=$(PORT) $(PY) manage.py rundemo --port $(PORT)
 
-test: install-dev ## the whole suite against PostgreSQL and Redis
+test: install-dev triton ## the whole suite against PostgreSQL and Redis
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
 	SECRET_KEY=$${SECRET_KEY:-test-secret-key} DEBUG=0 ALLOWED_HOSTS='*' \
 	$(VENV)/bin/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+triton: $(TRITON_VENV)/.installed ## the real Triton server the tests start (cached venv)
+
+$(TRITON_VENV)/.installed:
+	test -x $(TRITON_VENV)/bin/python || $(TRITON_PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/python -m pip install -q nvidia-pytriton==0.7.0
+	# The backend stub breaks every BYTES tensor under numpy 2, so force 1.x over whatever pytriton pulled in.
+	$(TRITON_VENV)/bin/python -m pip install -q --no-deps --force-reinstall numpy==1.26.4
+	SP=$(TRITON_VENV)/lib/python3.11/site-packages/pytriton/tritonserver; \
+	mkdir -p $(TRITON_VENV)/backends/python && \
+	ln -sf $$SP/backends/python/libtriton_python.so $$SP/backends/python/triton_python_backend_utils.py \
+		$$SP/python_backend_stubs/3.11/triton_python_backend_stub $(TRITON_VENV)/backends/python/
+	touch $@
 
 lint: install-dev ## ruff and mypy
 	$(VENV)/bin/ruff check .

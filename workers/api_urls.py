@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from django.urls import URLPattern, URLResolver, path
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from workers.api import WorkerDetailApi, WorkerListApi
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("workers/", WorkerListApi.as_view(), name="api-workers"),
+    path("workers/<str:worker_id>/", WorkerDetailApi.as_view(), name="api-worker"),
+]

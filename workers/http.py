@@ -35,3 +35,23 @@ def get_client() -> httpx.AsyncClient:
         )
         _clients[loop_id] = client
     return client
+
+
+def worker_timeout(runtime_config: dict[str, object]) -> httpx.Timeout:
+    """The per-request timeout for one worker: runtime_config's connect_timeout / read_timeout, else the settings."""
+
+    def seconds(key: str, default: float) -> float:
+        value = runtime_config.get(key)
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
+
+    connect = seconds("connect_timeout", settings.SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT)
+    read = seconds("read_timeout", settings.SPEEDINFER_UPSTREAM_READ_TIMEOUT)
+    return httpx.Timeout(connect=connect, read=read, write=connect, pool=connect)
+
+
+def worker_total_timeout(runtime_config: dict[str, object]) -> float:
+    """The whole call's deadline (httpx has none of its own: read applies per chunk)."""
+    value = runtime_config.get("total_timeout")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return float(settings.SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT)

@@ -31,7 +31,7 @@ class Worker(models.Model):
     runtime_config = models.JSONField(default=dict, blank=True)
     runtime_metadata = models.JSONField(default=dict, blank=True)
     gpu_metadata = models.JSONField(default=dict, blank=True)
-    upstream_api_key = models.CharField(max_length=500, blank=True)
+    upstream_api_key = models.CharField(max_length=500, blank=True, help_text="write-only; never shown back")
     enabled = models.BooleanField(default=True)
 
     healthy = models.BooleanField(default=False)
@@ -45,6 +45,7 @@ class Worker(models.Model):
     consecutive_failures = models.PositiveIntegerField(default=0)
     circuit_opened_at = models.DateTimeField(null=True, blank=True)
     half_open_claimed_at = models.DateTimeField(null=True, blank=True)
+    last_failure_reason = models.CharField(max_length=200, blank=True)
 
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)

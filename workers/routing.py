@@ -1,14 +1,33 @@
-"""Worker selection for the gateway. (Interface fixed here; the workers issue fills it in.)
+"""Worker selection for the gateway.
 
 The gateway must not hit the database per request to learn health or circuit
-state: selection reads a per-process snapshot refreshed every
-SPEEDINFER_ROUTING_CACHE_TTL seconds, plus the shared circuit state.
+state: selection reads a per-process snapshot of the enabled workers, refreshed
+at most every SPEEDINFER_ROUTING_CACHE_TTL seconds (one query, shared by all
+coroutines of the process). The database is touched on the request path only to
+claim a half-open trial, at most once per worker per refresh in a process.
+
+Load is spread by a per-process in-flight count: the gateway wraps each upstream
+call in `async with in_flight(worker.worker_id):` and takes the first worker.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import random
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.utils import timezone
+
+if TYPE_CHECKING:
+    from workers.models import Worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,12 +48,196 @@ class WorkerView:
         return str(mapping.get(public_model_id, public_model_id))
 
 
+def worker_view(worker: Worker) -> WorkerView:
+    return WorkerView(
+        pk=worker.pk,
+        worker_id=worker.worker_id,
+        runtime=worker.runtime,
+        transport=worker.transport,
+        endpoint=worker.runtime_endpoint.rstrip("/"),
+        runtime_config=dict(worker.runtime_config),
+        upstream_api_key=worker.upstream_api_key,
+    )
+
+
+@dataclass(slots=True)
+class _Entry:
+    view: WorkerView
+    models: frozenset[str]
+    ready_models: frozenset[str]
+    healthy: bool
+    circuit: str
+    failures: int
+    opened_at: datetime | None
+    claimed_at: datetime | None
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    entries: dict[str, _Entry]
+    loaded_at: float
+
+
+_EMPTY = _Snapshot(entries={}, loaded_at=float("-inf"))
+_snapshot: _Snapshot = _EMPTY
+_refreshing: dict[int, asyncio.Task[_Snapshot]] = {}
+_in_flight: dict[str, int] = {}
+
+
+def _load() -> _Snapshot:
+    from workers.models import Worker
+
+    entries: dict[str, _Entry] = {}
+    for w in Worker.objects.filter(enabled=True):
+        readiness = w.model_readiness or {}
+        entries[w.worker_id] = _Entry(
+            view=worker_view(w),
+            models=frozenset(w.supported_models),
+            ready_models=frozenset(m for m, ok in readiness.items() if ok),
+            healthy=w.healthy,
+            circuit=w.circuit_state,
+            failures=w.consecutive_failures,
+            opened_at=w.circuit_opened_at,
+            claimed_at=w.half_open_claimed_at,
+        )
+    return _Snapshot(entries=entries, loaded_at=time.monotonic())
+
+
+def _fresh(snap: _Snapshot) -> bool:
+    return time.monotonic() - snap.loaded_at < settings.SPEEDINFER_ROUTING_CACHE_TTL
+
+
+def _store(snap: _Snapshot) -> _Snapshot:
+    global _snapshot
+    _snapshot = snap
+    return snap
+
+
+async def _current() -> _Snapshot:
+    """The snapshot, refreshed when stale; concurrent callers share one refresh query."""
+    snap = _snapshot
+    if _fresh(snap):
+        return snap
+    loop_id = id(asyncio.get_running_loop())
+    task = _refreshing.get(loop_id)
+    if task is None or task.done():
+        task = asyncio.ensure_future(_refresh_async())
+        _refreshing[loop_id] = task
+    return await asyncio.shield(task)
+
+
+async def _refresh_async() -> _Snapshot:
+    return _store(await sync_to_async(_load, thread_sensitive=False)())
+
+
+def _current_sync() -> _Snapshot:
+    snap = _snapshot
+    if _fresh(snap):
+        return snap
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _store(_load())
+    # Called from async code: Django forbids the query on the loop's thread, so run it on another.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return _store(pool.submit(_load).result())
+
+
+def invalidate() -> None:
+    """Forget the snapshot (tests; after staff changes in this process)."""
+    _store(_EMPTY)
+
+
+def note_circuit(worker_id: str, *, state: str, failures: int) -> None:
+    """A transition this process made: seen by its next selection without waiting for a refresh."""
+    entry = _snapshot.entries.get(worker_id)
+    if entry is not None:
+        entry.circuit = state
+        entry.failures = failures
+        if state == "half_open":
+            entry.claimed_at = timezone.now()
+
+
+def circuit_is_clean(worker_id: str) -> bool:
+    """Closed with no failures, as far as this process knows (record_success's free path)."""
+    entry = _snapshot.entries.get(worker_id)
+    return entry is not None and entry.circuit == "closed" and entry.failures == 0
+
+
+def _serves(entry: _Entry, model_id: str) -> bool:
+    return entry.healthy and model_id in entry.models and model_id in entry.ready_models
+
+
+def _trial_due(entry: _Entry, now: datetime) -> bool:
+    from workers.circuit import _trial_ttl
+
+    if entry.circuit == "open":
+        cooldown = timedelta(seconds=settings.SPEEDINFER_CIRCUIT_COOLDOWN)
+        return entry.opened_at is None or entry.opened_at <= now - cooldown
+    if entry.circuit == "half_open":
+        return entry.claimed_at is None or entry.claimed_at <= now - _trial_ttl()
+    return False
+
+
 async def eligible_workers(model_id: str) -> list[WorkerView]:
     """Enabled, healthy, circuit closed (or this caller won the half-open trial), declaring
     `model_id`, and with that model ready; ordered by preference (least in-flight first)."""
-    raise NotImplementedError
+    from workers.circuit import claim_trial
+
+    snap = await _current()
+    now = timezone.now()
+    closed: list[_Entry] = []
+    trials: list[WorkerView] = []
+    for entry in snap.entries.values():
+        if not _serves(entry, model_id):
+            continue
+        if entry.circuit == "closed":
+            closed.append(entry)
+        elif _trial_due(entry, now):
+            # Whoever loses, this process stops asking until the next refresh shows the outcome.
+            entry.circuit, entry.claimed_at = "half_open", now
+            if await claim_trial(entry.view.worker_id):
+                trials.append(entry.view)
+    random.shuffle(closed)  # ties in load go to a random worker, not always the first registered
+    closed.sort(key=lambda e: _in_flight.get(e.view.worker_id, 0))
+    # A won trial goes first: it must be tried, or the circuit never closes.
+    return trials + [e.view for e in closed]
+
+
+def _transports(snap: _Snapshot, model_id: str) -> set[str]:
+    return {e.view.transport for e in snap.entries.values() if model_id in e.models}
 
 
 def model_transports(model_id: str) -> set[str]:
     """Transports of the enabled workers declaring `model_id` (for streaming_unsupported)."""
-    raise NotImplementedError
+    return _transports(_current_sync(), model_id)
+
+
+async def model_transports_async(model_id: str) -> set[str]:
+    return _transports(await _current(), model_id)
+
+
+def in_flight_count(worker_id: str) -> int:
+    return _in_flight.get(worker_id, 0)
+
+
+def acquire(worker_id: str) -> None:
+    _in_flight[worker_id] = _in_flight.get(worker_id, 0) + 1
+
+
+def release(worker_id: str) -> None:
+    count = _in_flight.get(worker_id, 0) - 1
+    if count > 0:
+        _in_flight[worker_id] = count
+    else:
+        _in_flight.pop(worker_id, None)
+
+
+@asynccontextmanager
+async def in_flight(worker_id: str) -> AsyncIterator[None]:
+    """Count one upstream call against the worker for load spreading, for its whole duration."""
+    acquire(worker_id)
+    try:
+        yield
+    finally:
+        release(worker_id)

@@ -1,0 +1,138 @@
+"""Health and discovery probes: one per worker, run concurrently by workers.tasks.probe_all_workers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import httpx
+from django.conf import settings
+
+from workers.errors import WorkerError
+from workers.models import Worker
+from workers.openai_compat import openai_models
+from workers.routing import WorkerView, worker_view
+from workers.triton import triton_model_ready, triton_repository_index, triton_server_ready
+
+log = logging.getLogger("speedinfer.probes")
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one probe learned about one worker."""
+
+    worker_pk: int
+    healthy: bool
+    model_readiness: dict[str, bool]
+    discovered_models: list[str]
+    latency_ms: int
+    error: str = ""
+    # A connection error, timeout or 5xx: counts against the circuit.
+    worker_fault: bool = False
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    view: WorkerView
+    supported_models: list[str]
+
+
+def probe_target(worker: Worker) -> ProbeTarget:
+    return ProbeTarget(view=worker_view(worker), supported_models=list(worker.supported_models))
+
+
+def _timeout() -> httpx.Timeout:
+    return httpx.Timeout(settings.SPEEDINFER_PROBE_TIMEOUT)
+
+
+def _ms(started: float) -> int:
+    return int((time.perf_counter() - started) * 1000)
+
+
+def _failed(target: ProbeTarget, started: float, exc: WorkerError) -> ProbeResult:
+    # The endpoint stays out of the stored error: staff see it in the admin anyway, and this text
+    # may end up in logs. exc.detail names the exception only.
+    return ProbeResult(
+        worker_pk=target.view.pk,
+        healthy=False,
+        model_readiness={},
+        discovered_models=[],
+        latency_ms=_ms(started),
+        error=f"{exc.code}: {exc.message}",
+        worker_fault=exc.counts_against_circuit,
+    )
+
+
+async def probe_triton_worker(*, target: ProbeTarget, client: httpx.AsyncClient) -> ProbeResult:
+    """Server readiness, the configured model's readiness (for every declared public model), the index."""
+    started = time.perf_counter()
+    worker = target.view
+    timeout = _timeout()
+    try:
+        ready, why = await triton_server_ready(worker=worker, http_timeout=timeout, client=client)
+        model_name = str(worker.runtime_config.get("model_name", ""))
+        model_ok, model_why = await triton_model_ready(
+            worker=worker, model_name=model_name, http_timeout=timeout, client=client
+        )
+        try:
+            discovered = await triton_repository_index(worker=worker, http_timeout=timeout, client=client)
+        except WorkerError as exc:  # diagnostics only: never makes a worker unhealthy
+            log.info("worker %s: repository index failed: %s", worker.worker_id, exc.message)
+            discovered = []
+    except WorkerError as exc:
+        return _failed(target, started, exc)
+    errors = [e for e in (why and f"server not ready: {why}", model_why and f"model {model_name}: {model_why}") if e]
+    return ProbeResult(
+        worker_pk=worker.pk,
+        healthy=ready,
+        model_readiness={m: ready and model_ok for m in target.supported_models},
+        discovered_models=discovered,
+        latency_ms=_ms(started),
+        error="; ".join(errors),
+    )
+
+
+async def probe_openai_worker(*, target: ProbeTarget, client: httpx.AsyncClient) -> ProbeResult:
+    """GET {endpoint}/models: healthy when it answers; a declared model (through model_map) listed there is ready."""
+    started = time.perf_counter()
+    worker = target.view
+    try:
+        served, why = await openai_models(worker=worker, http_timeout=_timeout(), client=client)
+    except WorkerError as exc:
+        return _failed(target, started, exc)
+    if served is None:
+        return ProbeResult(
+            worker_pk=worker.pk,
+            healthy=False,
+            model_readiness={},
+            discovered_models=[],
+            latency_ms=_ms(started),
+            error=why,
+        )
+    readiness = {m: worker.upstream_model(m) in served for m in target.supported_models}
+    missing = [m for m, ok in readiness.items() if not ok]
+    return ProbeResult(
+        worker_pk=worker.pk,
+        healthy=True,
+        model_readiness=readiness,
+        discovered_models=sorted(served),
+        latency_ms=_ms(started),
+        error=f"not served by the worker: {', '.join(missing)}" if missing else "",
+    )
+
+
+async def probe_targets(targets: list[ProbeTarget]) -> list[ProbeResult]:
+    """Probe every target concurrently with a client of this call's own (probes run under asyncio.run)."""
+    async with httpx.AsyncClient(follow_redirects=False) as client:
+        return list(
+            await asyncio.gather(
+                *(
+                    probe_triton_worker(target=t, client=client)
+                    if t.view.transport == "triton"
+                    else probe_openai_worker(target=t, client=client)
+                    for t in targets
+                )
+            )
+        )

@@ -1,0 +1,110 @@
+"""Writes for workers: registration, enable/disable and recording probe results.
+
+Circuit transitions live in workers.circuit (they are raced for by several
+processes and have their own conditional updates).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from workers import circuit
+from workers.models import Worker
+from workers.probes import ProbeResult, probe_target, probe_targets
+from workers.registration import WorkerSpec, registration_validate
+
+
+def worker_register(*, data: Any) -> tuple[Worker, bool]:
+    """Create or update a worker from its registration JSON; returns (worker, created). Idempotent."""
+    spec = registration_validate(data)
+    return worker_register_spec(spec=spec)
+
+
+@transaction.atomic
+def worker_register_spec(*, spec: WorkerSpec) -> tuple[Worker, bool]:
+    worker = Worker.objects.select_for_update().filter(worker_id=spec.worker_id).first()
+    created = worker is None
+    if worker is None:
+        worker = Worker(worker_id=spec.worker_id)
+    # Where the worker is or how it is called changed: its last probe says nothing
+    # about the new target, so it is not ready until the next probe.
+    target_changed = not created and (
+        worker.runtime_endpoint != spec.runtime_endpoint
+        or worker.runtime_config != spec.runtime_config
+        or worker.transport != spec.transport
+        or worker.supported_models != spec.supported_models
+    )
+    worker.worker_type = spec.worker_type
+    worker.runtime = spec.runtime
+    worker.transport = spec.transport
+    worker.runtime_endpoint = spec.runtime_endpoint
+    worker.supported_models = spec.supported_models
+    worker.runtime_config = spec.runtime_config
+    worker.runtime_metadata = spec.runtime_metadata
+    worker.gpu_metadata = spec.gpu_metadata
+    if spec.upstream_api_key is not None:
+        worker.upstream_api_key = spec.upstream_api_key
+    if spec.enabled is not None:
+        worker.enabled = spec.enabled
+    if target_changed:
+        worker.healthy = False
+        worker.model_readiness = {}
+    # Django's URLValidator refuses single-label hosts such as the spec's http://triton:8000;
+    # registration_validate has already checked the URL.
+    worker.full_clean(exclude=["runtime_endpoint"])
+    worker.save()
+    return worker, created
+
+
+def worker_set_enabled(*, worker: Worker, enabled: bool) -> Worker:
+    Worker.objects.filter(pk=worker.pk).update(enabled=enabled, updated_at=timezone.now())
+    worker.refresh_from_db()
+    return worker
+
+
+def worker_delete(*, worker: Worker) -> None:
+    worker.delete()
+
+
+def probe_record(*, result: ProbeResult, at: datetime | None = None) -> None:
+    """Store one probe's outcome; the circuit is told separately (workers.circuit)."""
+    Worker.objects.filter(pk=result.worker_pk).update(
+        healthy=result.healthy,
+        model_readiness=result.model_readiness,
+        discovered_models=result.discovered_models,
+        last_probe_at=at or timezone.now(),
+        last_probe_latency_ms=result.latency_ms,
+        last_probe_error=result.error[:2000],
+    )
+
+
+def workers_probe(*, workers: Iterable[Worker]) -> list[tuple[Worker, ProbeResult]]:
+    """Probe the workers concurrently, store each result and tell each circuit."""
+    workers = list(workers)
+    targets = [probe_target(w) for w in workers]
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        results = asyncio.run(probe_targets(targets))
+    else:  # called from async code (an ASGI admin action): probe on a thread with a loop of its own
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            results = pool.submit(asyncio.run, probe_targets(targets)).result()
+    now = timezone.now()
+    for worker, result in zip(workers, results, strict=True):
+        probe_record(result=result, at=now)
+        if result.worker_fault:
+            circuit.record_failure_sync(worker.worker_id, reason=f"probe: {result.error}")
+        elif result.healthy:
+            circuit.record_probe_success_sync(worker.worker_id)
+    return list(zip(workers, results, strict=True))
+
+
+def worker_circuit_reset(*, worker: Worker) -> None:
+    circuit.reset_sync(worker.worker_id)
