@@ -1,0 +1,217 @@
+"""The customer dashboard: owner / outsider / anonymous personas on every page and action."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from accounts.models import ApiKey, AuditLog
+from accounts.services import account_user_create
+from billing.models import MICRO, UsageRecord
+from billing.services import Outcome, credits_reserve, reservation_settle
+from tests.factories import make_account, make_key, make_model
+
+pytestmark = pytest.mark.django_db
+PASSWORD = "correct horse battery staple"
+
+
+@pytest.fixture
+def model():
+    return make_model(model_id="acme/dash-model", input_price=2 * MICRO, output_price=4 * MICRO)
+
+
+@pytest.fixture
+def owner_account():
+    return make_account(name="Owner Co", credits=100)
+
+
+@pytest.fixture
+def outsider_account():
+    return make_account(name="Outsider Inc", credits=7)
+
+
+@pytest.fixture
+def owner(owner_account) -> Client:
+    account_user_create(account=owner_account, email="owner@example.com", password=PASSWORD)
+    client = Client()
+    assert client.login(username="owner@example.com", password=PASSWORD)
+    return client
+
+
+@pytest.fixture
+def outsider(outsider_account) -> Client:
+    account_user_create(account=outsider_account, email="outsider@example.com", password=PASSWORD)
+    client = Client()
+    assert client.login(username="outsider@example.com", password=PASSWORD)
+    return client
+
+
+def settle(account, model, *, prompt=1000, completion=500, request_id="req-1", latency_ms=120) -> UsageRecord:
+    reservation = credits_reserve(account_id=account.pk, amount=MICRO, model=model, request_id=request_id)
+    record = reservation_settle(
+        reservation_id=reservation.pk,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        outcome=Outcome(worker_id="w1", endpoint="chat", latency_ms=latency_ms),
+    )
+    assert record is not None
+    return record
+
+
+def test_it_signs_in_with_email_and_password(owner_account):
+    account_user_create(account=owner_account, email="owner@example.com", password=PASSWORD)
+    client = Client()
+    page = client.get("/accounts/login/")
+    assert page.status_code == 200 and b"Sign in" in page.content
+    response = client.post("/accounts/login/", {"username": "owner@example.com", "password": PASSWORD})
+    assert response.status_code == 302 and response["Location"] == "/dashboard/"
+    assert b"Owner Co" in client.get("/dashboard/").content
+
+
+@pytest.mark.parametrize("url", ["/dashboard/", "/dashboard/usage/", "/dashboard/usage.csv", "/dashboard/keys/"])
+def test_anonymous_is_sent_to_login(client, url):
+    response = client.get(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/?next=")
+
+
+def test_anonymous_cannot_revoke(client, owner_account):
+    key = make_key(account=owner_account).api_key
+    response = client.post(f"/dashboard/keys/{key.pk}/revoke/")
+    assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+    key.refresh_from_db()
+    assert key.revoked_at is None
+
+
+def test_home_shows_own_balance_spend_and_today(owner, owner_account, outsider_account, model):
+    settle(owner_account, model, prompt=1000, completion=500)  # cost 0.002 + 0.002 = 0.004
+    settle(outsider_account, model, prompt=9, completion=9, request_id="req-out")
+    page = owner.get("/dashboard/")
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "Owner Co" in html and "Outsider Inc" not in html
+    assert "99.996000 credits" in html  # exact balance in the title attribute
+    assert "1</span>" in html and "1500 tokens" in html  # today: one request, 1,500 tokens
+    assert "req-out" not in html
+
+
+def test_usage_page_shows_only_own_rows_and_chart_data(owner, owner_account, outsider_account, model):
+    settle(owner_account, model, request_id="mine-1", latency_ms=321)
+    settle(outsider_account, model, request_id="theirs-1")
+    page = owner.get("/dashboard/usage/")
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "321 ms" in html
+    assert 'id="chart-data"' in html and "acme/dash-model" in html
+    chart = page.context["chart"]
+    assert sum(chart["tokens"]["acme/dash-model"]) == 1500
+    assert len(chart["days"]) == 30
+    assert "chart.umd.min.js" in html  # served from our static files, no CDN
+    assert "http://" not in html.split("<body>")[0].replace("http://www.w3.org", "")
+
+
+def test_usage_range_and_bad_range(owner, owner_account, model):
+    record = settle(owner_account, model)
+    UsageRecord.objects.filter(pk=record.pk).update(created_at=timezone.now() - timedelta(days=40))
+    recent = owner.get("/dashboard/usage/")
+    assert recent.context["per_model"] == []
+    start = (timezone.localdate() - timedelta(days=45)).isoformat()
+    wide = owner.get(f"/dashboard/usage/?start={start}")
+    assert dict(wide.context["per_model"])["acme/dash-model"]["requests"] == 1
+    bad = owner.get("/dashboard/usage/?start=2024-05-02&end=2024-05-01")
+    assert bad.status_code == 200 and b"must not be after" in bad.content
+
+
+def test_usage_csv_has_only_own_rows(owner, outsider, owner_account, outsider_account, model):
+    settle(owner_account, model, request_id="mine-1")
+    settle(outsider_account, model, request_id="theirs-1")
+    response = owner.get("/dashboard/usage.csv")
+    assert response.status_code == 200 and response["Content-Type"] == "text/csv"
+    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert [r["request_id"] for r in rows] == ["mine-1"]
+    assert rows[0]["cost_credits"] == "0.004000" and rows[0]["prompt_tokens"] == "1000"
+    theirs = list(
+        csv.DictReader(io.StringIO(b"".join(outsider.get("/dashboard/usage.csv").streaming_content).decode()))
+    )
+    assert [r["request_id"] for r in theirs] == ["theirs-1"]
+
+
+def test_keys_page_lists_only_own_keys(owner, owner_account, outsider_account):
+    make_key(account=owner_account, name="mine")
+    make_key(account=outsider_account, name="theirs")
+    html = owner.get("/dashboard/keys/").content.decode()
+    assert "mine" in html and "theirs" not in html
+
+
+def test_it_creates_a_key_and_shows_the_secret_once(owner, owner_account, model):
+    expires = (timezone.localdate() + timedelta(days=10)).isoformat()
+    response = owner.post(
+        "/dashboard/keys/",
+        {"name": "ci", "scopes": ["chat", "models"], "allowed_models": ["acme/dash-model"], "expires": expires},
+    )
+    assert response.status_code == 200
+    secret = response.context["created"].secret
+    assert secret.startswith("sk-si-") and secret in response.content.decode()
+    assert response["Cache-Control"] == "no-store"
+    key = ApiKey.objects.get(account=owner_account, name="ci")
+    assert key.scopes == ["chat", "models"] and key.allowed_models == ["acme/dash-model"]
+    assert key.expires_at is not None and key.expires_at.date().isoformat() == expires
+    assert secret not in owner.get("/dashboard/keys/").content.decode()
+    assert AuditLog.objects.filter(action="key.create", target_id=str(key.pk), actor="owner@example.com").exists()
+
+
+def test_a_customer_cannot_create_an_admin_key(owner, owner_account):
+    response = owner.post("/dashboard/keys/", {"name": "sneaky", "scopes": ["admin"]})
+    assert response.status_code == 400
+    assert not ApiKey.objects.filter(name="sneaky").exists()
+
+
+def test_key_form_rejects_past_expiry(owner):
+    response = owner.post("/dashboard/keys/", {"name": "old", "scopes": ["chat"], "expires": "2020-01-01"})
+    assert response.status_code == 400 and b"after today" in response.content
+
+
+def test_owner_revokes_own_key(owner, owner_account):
+    key = make_key(account=owner_account, name="mine").api_key
+    response = owner.post(f"/dashboard/keys/{key.pk}/revoke/")
+    assert response.status_code == 302
+    key.refresh_from_db()
+    assert key.revoked_at is not None
+
+
+def test_outsider_gets_404_for_another_accounts_key(outsider, owner_account):
+    key = make_key(account=owner_account, name="mine").api_key
+    assert outsider.post(f"/dashboard/keys/{key.pk}/revoke/").status_code == 404
+    key.refresh_from_db()
+    assert key.revoked_at is None
+
+
+def test_revoke_needs_post(owner, owner_account):
+    key = make_key(account=owner_account).api_key
+    assert owner.get(f"/dashboard/keys/{key.pk}/revoke/").status_code == 405
+
+
+def test_user_without_account_sees_no_dashboard(django_user_model):
+    django_user_model.objects.create_user(username="staff@example.com", password=PASSWORD, is_staff=True)
+    client = Client()
+    client.login(username="staff@example.com", password=PASSWORD)
+    for url in ("/dashboard/", "/dashboard/usage/", "/dashboard/keys/", "/dashboard/usage.csv"):
+        assert client.get(url).status_code == 403
+
+
+def test_pages_render_without_javascript_features(owner, owner_account):
+    """Forms are plain HTML posts: every action works with JavaScript off."""
+    html = owner.get("/dashboard/keys/").content.decode()
+    assert 'method="post"' in html and "csrfmiddlewaretoken" in html
+    assert "<noscript>" in owner.get("/dashboard/usage/").content.decode()
+
+
+def test_static_chart_library_is_served(client):
+    response = client.get("/static/vendor/chartjs/chart.umd.min.js")
+    assert response.status_code == 200
+    assert b"Chart.js v4" in b"".join(response.streaming_content)[:400]
