@@ -199,6 +199,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
+        # httpx logs every request's URL at INFO, and worker endpoints must stay out of the logs.
+        "httpx": {"level": "WARNING"},
         # speedinfer.request_log: one JSON object per line, nothing around it.
         "speedinfer.requests": {"handlers": ["json_lines"], "level": "INFO", "propagate": False},
     },
