@@ -6,6 +6,9 @@ import pytest
 
 from accounts import key_cache
 
+# The real Triton server fixtures (triton_server, triton_factory), for the workers and proxy tests.
+pytest_plugins = ["tests.triton_server"]
+
 
 @pytest.fixture(autouse=True)
 def _fresh_key_cache() -> Iterator[None]:

@@ -7,11 +7,14 @@ library sits here is a measured choice (see the performance notes in README).
 from __future__ import annotations
 
 import asyncio
+import weakref
 
 import httpx
 from django.conf import settings
 
-_clients: dict[int, httpx.AsyncClient] = {}
+# Keyed by the loop itself (weakly): an id() can be reused by a later loop, and a client
+# bound to a closed loop must never be handed out.
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
 
 
 def default_timeout() -> httpx.Timeout:
@@ -25,15 +28,15 @@ def default_timeout() -> httpx.Timeout:
 
 def get_client() -> httpx.AsyncClient:
     """The process's client for the running event loop (clients cannot cross loops)."""
-    loop_id = id(asyncio.get_running_loop())
-    client = _clients.get(loop_id)
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
     if client is None or client.is_closed:
         client = httpx.AsyncClient(
             timeout=default_timeout(),
             limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=30),
             follow_redirects=False,
         )
-        _clients[loop_id] = client
+        _clients[loop] = client
     return client
 
 

@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import random
 import time
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -80,7 +81,7 @@ class _Snapshot:
 
 _EMPTY = _Snapshot(entries={}, loaded_at=float("-inf"))
 _snapshot: _Snapshot = _EMPTY
-_refreshing: dict[int, asyncio.Task[_Snapshot]] = {}
+_refreshing: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[_Snapshot]] = weakref.WeakKeyDictionary()
 _in_flight: dict[str, int] = {}
 
 
@@ -118,11 +119,11 @@ async def _current() -> _Snapshot:
     snap = _snapshot
     if _fresh(snap):
         return snap
-    loop_id = id(asyncio.get_running_loop())
-    task = _refreshing.get(loop_id)
+    loop = asyncio.get_running_loop()
+    task = _refreshing.get(loop)
     if task is None or task.done():
         task = asyncio.ensure_future(_refresh_async())
-        _refreshing[loop_id] = task
+        _refreshing[loop] = task
     return await asyncio.shield(task)
 
 

@@ -169,6 +169,12 @@ async def triton_infer(*, worker: WorkerView, prompt: str, max_tokens: int) -> T
     except TimeoutError:
         raise UpstreamTimeout("the Triton worker did not answer in time", detail="total timeout") from None
     if response.status_code != 200:
+        message = _error_text(response)
+        # Asking a model for an output it lacks is a 400 "unexpected inference output 'NAME'" (seen on
+        # 2.51): for a count output that is a model without authoritative usage, not a bad request.
+        counts = (config["prompt_tokens_output_name"], config["completion_tokens_output_name"])
+        if response.status_code == 400 and any(f"unexpected inference output '{n}'" in message for n in counts):
+            raise RuntimeUsageUnavailable("the Triton worker returned no authoritative token counts", detail=message)
         raise TritonInferenceFailed(
             "the Triton worker rejected the inference request",
             detail=f"{response.status_code} {_error_text(response)}",

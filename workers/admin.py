@@ -1,0 +1,214 @@
+"""Staff admin for workers: register by pasting the spec's JSON, see health and circuit, act through services."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html_join
+
+from workers.models import Worker
+from workers.registration import registration_validate
+from workers.selectors import worker_document
+from workers.services import worker_circuit_reset, worker_register, worker_set_enabled, workers_probe
+
+
+def _registration_json(worker: Worker) -> str:
+    doc = worker_document(worker=worker)
+    for key in ("transport", "status", "has_upstream_api_key"):
+        doc.pop(key)
+    return json.dumps(doc, indent=2)
+
+
+class WorkerRegistrationForm(forms.ModelForm):
+    """The registration JSON in a textarea, validated by workers.registration like the command and the API."""
+
+    registration = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 18, "cols": 100, "style": "font-family: monospace"}),
+        help_text="The worker's registration JSON, as in the spec (worker_id, runtime, runtime_endpoint, ...).",
+    )
+    upstream_api_key = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="The worker's own credential, if its frontend needs one. Write-only: leave empty to keep the "
+        "stored one.",
+    )
+    clear_upstream_api_key = forms.BooleanField(required=False, help_text="Remove the stored credential.")
+
+    class Meta:
+        model = Worker
+        fields: list[str] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["registration"].initial = _registration_json(self.instance)
+        self.registered: tuple[Worker, bool] | None = None
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        text = cleaned.get("registration")
+        if not text:
+            return cleaned
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValidationError({"registration": f"not valid JSON: {exc.msg} at line {exc.lineno}"}) from None
+        if not isinstance(data, dict):
+            raise ValidationError({"registration": "must be a JSON object"})
+        if self.instance.pk and data.get("worker_id") != self.instance.worker_id:
+            raise ValidationError({"registration": "worker_id cannot change; register a new worker instead"})
+        if cleaned.get("clear_upstream_api_key"):
+            data["upstream_api_key"] = ""
+        elif cleaned.get("upstream_api_key"):
+            data["upstream_api_key"] = cleaned["upstream_api_key"]
+        else:
+            data.pop("upstream_api_key", None)
+        self.cleaned_data["document"] = data
+        return cleaned
+
+    def save(self, commit: bool = True) -> Worker:
+        # Registration is the service's job whatever `commit` says: the admin's later obj.save() is a no-op
+        # rewrite of the same row.
+        worker, _ = worker_register(data=self.cleaned_data["document"])
+        self.instance = worker
+        self.save_m2m = lambda: None  # type: ignore[method-assign]
+        return worker
+
+    def _post_clean(self) -> None:
+        # Validate the document here, where errors can still be shown on the form, with the one shared
+        # validation (the model's own field validation would refuse the spec's http://triton:8000).
+        document = self.cleaned_data.get("document")
+        if document is None:
+            return
+        try:
+            registration_validate(document)
+        except ValidationError as exc:
+            messages_ = [
+                f"{field}: {m}" for field, errors in exc.error_dict.items() for e in errors for m in e.messages
+            ]
+            self.add_error("registration", messages_)
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    form = WorkerRegistrationForm
+    list_display = (
+        "worker_id",
+        "runtime",
+        "transport",
+        "enabled",
+        "healthy",
+        "circuit_state",
+        "models_ready",
+        "last_probe_at",
+        "last_probe_latency_ms",
+        "last_probe_error",
+    )
+    list_filter = ("runtime", "transport", "enabled", "healthy", "circuit_state")
+    search_fields = ("worker_id",)
+    actions = ("probe_now", "enable", "disable", "reset_circuit")
+    readonly_fields = (
+        "runtime",
+        "transport",
+        "runtime_endpoint",
+        "supported_models",
+        "gpu_metadata_table",
+        "runtime_metadata_table",
+        "has_upstream_api_key",
+        "healthy",
+        "models_ready",
+        "discovered_models",
+        "last_probe_at",
+        "last_probe_latency_ms",
+        "last_probe_error",
+        "circuit_state",
+        "consecutive_failures",
+        "circuit_opened_at",
+        "last_failure_reason",
+    )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Worker | None = None) -> Any:
+        register = (None, {"fields": ("registration", "upstream_api_key", "clear_upstream_api_key")})
+        if obj is None:
+            return [register]
+        return [
+            register,
+            ("Registered", {"fields": ("runtime", "transport", "runtime_endpoint", "supported_models")}),
+            ("Worker-supplied metadata", {"fields": ("gpu_metadata_table", "runtime_metadata_table")}),
+            ("Credential", {"fields": ("has_upstream_api_key",)}),
+            (
+                "Health",
+                {
+                    "fields": (
+                        "healthy",
+                        "models_ready",
+                        "discovered_models",
+                        "last_probe_at",
+                        "last_probe_latency_ms",
+                        "last_probe_error",
+                    )
+                },
+            ),
+            (
+                "Circuit",
+                {"fields": ("circuit_state", "consecutive_failures", "circuit_opened_at", "last_failure_reason")},
+            ),
+        ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Worker | None = None) -> Any:
+        return self.readonly_fields if obj else ()
+
+    @admin.display(description="models ready")
+    def models_ready(self, obj: Worker) -> str:
+        readiness = obj.model_readiness or {}
+        return ", ".join(f"{m} {'ready' if readiness.get(m) else 'not ready'}" for m in obj.supported_models)
+
+    @admin.display(description="upstream credential", boolean=True)
+    def has_upstream_api_key(self, obj: Worker) -> bool:
+        return bool(obj.upstream_api_key)
+
+    def _table(self, data: dict[str, Any]) -> str:
+        if not data:
+            return "-"
+        rows = ((k, json.dumps(v) if not isinstance(v, str) else v) for k, v in sorted(data.items()))
+        return format_html_join("", "<div><b>{}</b>: {}</div>", rows)
+
+    @admin.display(description="GPU metadata")
+    def gpu_metadata_table(self, obj: Worker) -> str:
+        return self._table(obj.gpu_metadata)
+
+    @admin.display(description="runtime metadata")
+    def runtime_metadata_table(self, obj: Worker) -> str:
+        return self._table(obj.runtime_metadata)
+
+    @admin.action(description="Probe now")
+    def probe_now(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
+        results = workers_probe(workers=queryset)
+        for worker, result in results:
+            level = messages.SUCCESS if result.healthy else messages.WARNING
+            state = "healthy" if result.healthy else f"unhealthy ({result.error})"
+            self.message_user(request, f"{worker.worker_id}: {state}, {result.latency_ms} ms", level)
+
+    @admin.action(description="Enable")
+    def enable(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
+        for worker in queryset:
+            worker_set_enabled(worker=worker, enabled=True)
+        self.message_user(request, f"enabled {queryset.count()} worker(s)")
+
+    @admin.action(description="Disable")
+    def disable(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
+        for worker in queryset:
+            worker_set_enabled(worker=worker, enabled=False)
+        self.message_user(request, f"disabled {queryset.count()} worker(s)")
+
+    @admin.action(description="Reset circuit")
+    def reset_circuit(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
+        for worker in queryset:
+            worker_circuit_reset(worker=worker)
+        self.message_user(request, f"reset the circuit of {queryset.count()} worker(s)")
