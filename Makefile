@@ -53,6 +53,10 @@ $(TRITON_VENV)/.installed:
 		$$SP/python_backend_stubs/3.11/triton_python_backend_stub $(TRITON_VENV)/backends/python/
 	touch $@
 
+bench: install-dev ## gateway vs direct path: latency, throughput, streaming, memory (BENCH_ARGS=...)
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(PY) bench/run.py $(BENCH_ARGS)
+
 lint: install-dev ## ruff and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

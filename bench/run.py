@@ -1,0 +1,548 @@
+"""`make bench`: what SpeedInfer adds to a request, against the same upstream called directly.
+
+Every scenario runs the direct path and the gateway path interleaved in rounds on
+the same machine, so the figures that matter are differences and ratios, not the
+absolute times of a noisy 2-core box. See README "Performance" for how to read it.
+
+    python bench/run.py [--profiles full,embedded] [--servers uvicorn] [--quick] [--soak 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+PY = sys.executable
+VENV_BIN = Path(PY).parent
+MODEL = "bench/model"
+PG_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/speedinfer_bench")
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port} after {timeout}s")
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+
+    def rss_kib(self) -> int:
+        """Resident size of the process and its children (uvicorn/granian workers)."""
+        total = 0
+        pids = [self.popen.pid]
+        try:
+            children = subprocess.run(
+                ["pgrep", "-P", str(self.popen.pid)], capture_output=True, text=True, check=False
+            ).stdout.split()
+            pids += [int(c) for c in children]
+        except FileNotFoundError:
+            pass
+        for pid in pids:
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+            except FileNotFoundError:
+                continue
+        return total
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+def start(name: str, cmd: list[str], env: dict[str, str], *, port: int, cpus: str | None = None) -> Proc:
+    if cpus and shutil.which("taskset"):
+        cmd = ["taskset", "-c", cpus, *cmd]
+    popen = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # noqa: S603
+    try:
+        wait_port(port)
+    except RuntimeError:
+        popen.kill()
+        err = popen.stderr.read().decode(errors="replace")[-2000:] if popen.stderr else ""
+        raise RuntimeError(f"{name} did not start:\n{err}") from None
+    return Proc(name, popen)
+
+
+def manage(env: dict[str, str], *args: str, stdin: str | None = None) -> str:
+    proc = subprocess.run(  # noqa: S603
+        [PY, "manage.py", *args], cwd=ROOT, env=env, input=stdin, capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"manage.py {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+# ---------------------------------------------------------------------------- set-up
+
+
+def profile_env(profile: str, var_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(
+        SECRET_KEY="bench-secret",
+        DEBUG="0",
+        ALLOWED_HOSTS="*",
+        LOG_LEVEL="WARNING",
+        SPEEDINFER_VAR_DIR=str(var_dir),
+        SPEEDINFER_PROBE_INTERVAL="3600",
+        PYTHONUNBUFFERED="1",
+    )
+    if profile == "full":
+        env.update(DATABASE_URL=PG_URL, REDIS_URL=REDIS_URL)
+    return env
+
+
+def reset_stores(profile: str) -> None:
+    if profile != "full":
+        return
+    import psycopg
+    import redis
+
+    base, _, name = PG_URL.rpartition("/")
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    redis.Redis.from_url(REDIS_URL).flushdb()
+
+
+def seed(env: dict[str, str], upstream: str) -> str:
+    """The bench account, model, key and one worker; returns the key's secret."""
+    manage(env, "migrate", "--noinput", "-v", "0")
+    manage(env, "registermodel", MODEL, "--input-price", "0.1", "--output-price", "0.2", "--max-output-tokens", "256")
+    manage(env, "createaccount", "bench")
+    manage(env, "grantcredits", "bench", "1000000")
+    # rpm/tpm are set high rather than left unset so the limiter runs on every request, as in production.
+    secret = manage(env, "createapikey", "bench", "--name", "bench", "--rpm", "100000000", "--tpm", "1000000000")
+    worker = {
+        "worker_id": "bench-sim",
+        "worker_type": "nvidia-gpu",
+        "runtime": "cuda",
+        "runtime_endpoint": upstream,
+        "supported_models": [MODEL],
+        "runtime_config": {"transport": "openai"},
+    }
+    manage(env, "registerworker", "-", stdin=json.dumps(worker))
+    manage(env, "probeworkers")
+    return secret.strip().splitlines()[-1]
+
+
+SERVERS: dict[str, list[str]] = {
+    "uvicorn": [
+        PY, "-m", "uvicorn", "speedinfer.asgi:application", "--host", "127.0.0.1", "--port", "{port}",
+        "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning", "--workers", "{workers}",
+    ],
+    "granian": [
+        str(VENV_BIN / "granian"), "--interface", "asgi", "--host", "127.0.0.1", "--port", "{port}",
+        "--loop", "uvloop", "--log-level", "warning", "--workers", "{workers}", "--no-ws", "speedinfer.asgi:application",
+    ],
+    "daphne": [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", "{port}", "speedinfer.asgi:application"],
+}  # fmt: skip
+
+
+def server_cmd(server: str, port: int, workers: int) -> list[str]:
+    return [part.format(port=port, workers=workers) for part in SERVERS[server]]
+
+
+# ---------------------------------------------------------------------------- scenarios
+
+
+def body(*, directive: str = "", stream: bool = False, max_tokens: int = 16, model: str = MODEL) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": f"Say something short. {directive}".strip()}],
+    }
+    if stream:
+        data["stream"] = True
+        data["stream_options"] = {"include_usage": True}
+    return data
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    path: str  # the chat completions path on that server
+    key: str = ""
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.key:
+            headers["Authorization"] = f"Bearer {self.key}"
+        return headers
+
+
+def latency_c1(direct: Target, gateway: Target, payload: dict[str, Any], *, rounds: int, per_round: int) -> dict[str, Any]:
+    """Concurrency 1 over one kept-alive connection per path, interleaved in rounds."""
+    raw = json.dumps(payload).encode()
+    samples: dict[str, list[float]] = {"direct": [], "gateway": []}
+    conns = {t.name: http.client.HTTPConnection("127.0.0.1", t.port, timeout=30) for t in (direct, gateway)}
+    errors = 0
+
+    def once(target: Target) -> float:
+        nonlocal errors
+        conn = conns[target.name]
+        t0 = time.perf_counter()
+        conn.request("POST", target.path, body=raw, headers=target.headers())
+        resp = conn.getresponse()
+        resp.read()
+        elapsed = time.perf_counter() - t0
+        if resp.status != 200:
+            errors += 1
+        return elapsed
+
+    for target in (direct, gateway):  # warm connections, caches and the JIT-less interpreter's paths
+        for _ in range(max(20, per_round // 2)):
+            once(target)
+    for r in range(rounds):
+        order = (direct, gateway) if r % 2 == 0 else (gateway, direct)
+        for target in order:
+            for _ in range(per_round):
+                samples[target.name].append(once(target) * 1000)
+    for conn in conns.values():
+        conn.close()
+    d, g = samples["direct"], samples["gateway"]
+    return {
+        "requests_each": len(d),
+        "errors": errors,
+        "direct_p50_ms": pct(d, 50),
+        "direct_p99_ms": pct(d, 99),
+        "gateway_p50_ms": pct(g, 50),
+        "gateway_p99_ms": pct(g, 99),
+        "added_p50_ms": pct(g, 50) - pct(d, 50),
+        "added_p99_ms": pct(g, 99) - pct(d, 99),
+    }
+
+
+def wrk(target: Target, payload: dict[str, Any], *, seconds: int, connections: int = 32) -> dict[str, Any]:
+    env = {**os.environ, "BENCH_BODY": json.dumps(payload), "BENCH_AUTH": target.key}
+    cmd = [
+        "wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s",
+        "-s", str(ROOT / "bench" / "wrk_post.lua"), f"http://127.0.0.1:{target.port}{target.path}",
+    ]  # fmt: skip
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout  # noqa: S603
+    line = next(ln for ln in out.splitlines() if ln.startswith("BENCH "))
+    fields = dict(part.split("=") for part in line.split()[1:])
+    duration_s = int(fields["duration_us"]) / 1e6
+    return {
+        "rps": int(fields["requests"]) / duration_s,
+        "p50_ms": int(fields["p50_us"]) / 1000,
+        "p99_ms": int(fields["p99_us"]) / 1000,
+        "errors": int(fields["non2xx"]) + int(fields["errors"]),
+        "requests": int(fields["requests"]),
+    }
+
+
+def throughput(direct: Target, gateway: Target, payload: dict[str, Any], *, seconds: int, rounds: int) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, Any]]] = {"direct": [], "gateway": []}
+    wrk(gateway, payload, seconds=2)  # warm-up
+    for r in range(rounds):
+        for target in (direct, gateway) if r % 2 == 0 else (gateway, direct):
+            runs[target.name].append(wrk(target, payload, seconds=seconds))
+    best = {name: max(rs, key=lambda x: x["rps"] if x["errors"] == 0 else -1) for name, rs in runs.items()}
+    return {
+        "direct_rps": best["direct"]["rps"],
+        "gateway_rps": best["gateway"]["rps"],
+        "direct_p99_ms": best["direct"]["p99_ms"],
+        "gateway_p99_ms": best["gateway"]["p99_ms"],
+        "added_p99_ms": best["gateway"]["p99_ms"] - best["direct"]["p99_ms"],
+        "gateway_errors": sum(x["errors"] for x in runs["gateway"]),
+        "direct_errors": sum(x["errors"] for x in runs["direct"]),
+        "runs": runs,
+    }
+
+
+async def _stream_once(session: aiohttp.ClientSession, target: Target, payload: dict[str, Any]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    ttft = None
+    chunks = 0
+    gaps: list[float] = []
+    last = t0
+    usage_before_done = False
+    saw_usage = False
+    async with session.post(
+        f"http://127.0.0.1:{target.port}{target.path}", json=payload, headers=target.headers()
+    ) as resp:
+        resp.raise_for_status()
+        async for raw_line in resp.content:
+            line = raw_line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            now = time.perf_counter()
+            if data == b"[DONE]":
+                usage_before_done = saw_usage
+                break
+            event = json.loads(data)
+            if event.get("usage"):
+                saw_usage = True
+            if event.get("choices") and event["choices"][0].get("delta", {}).get("content"):
+                if ttft is None:
+                    ttft = now - t0
+                else:
+                    gaps.append(now - last)
+                chunks += 1
+                last = now
+    return {
+        "ttft_ms": (ttft or float("nan")) * 1000,
+        "total_ms": (time.perf_counter() - t0) * 1000,
+        "chunks": chunks,
+        "max_gap_ms": max(gaps, default=0) * 1000,
+        "usage_before_done": usage_before_done,
+    }
+
+
+def streaming(direct: Target, gateway: Target, *, deltas: int, delay_ms: int, rounds: int) -> dict[str, Any]:
+    payload = body(directive=f"[sim deltas={deltas} delay={delay_ms}]", stream=True, max_tokens=deltas)
+
+    async def run() -> dict[str, list[dict[str, Any]]]:
+        results: dict[str, list[dict[str, Any]]] = {"direct": [], "gateway": []}
+        async with aiohttp.ClientSession() as session:
+            for target in (direct, gateway):
+                await _stream_once(session, target, payload)
+            for r in range(rounds):
+                for target in (direct, gateway) if r % 2 == 0 else (gateway, direct):
+                    results[target.name].append(await _stream_once(session, target, payload))
+        return results
+
+    results = asyncio.run(run())
+    d, g = results["direct"], results["gateway"]
+    return {
+        "streams_each": len(d),
+        "direct_ttft_p50_ms": statistics.median(x["ttft_ms"] for x in d),
+        "gateway_ttft_p50_ms": statistics.median(x["ttft_ms"] for x in g),
+        "added_ttft_p50_ms": statistics.median(x["ttft_ms"] for x in g) - statistics.median(x["ttft_ms"] for x in d),
+        "direct_chunks": sorted({x["chunks"] for x in d}),
+        "gateway_chunks": sorted({x["chunks"] for x in g}),
+        "direct_max_gap_ms": max(x["max_gap_ms"] for x in d),
+        "gateway_max_gap_ms": max(x["max_gap_ms"] for x in g),
+        "usage_before_done": all(x["usage_before_done"] for x in g),
+    }
+
+
+# ---------------------------------------------------------------------------- orchestration
+
+
+@dataclass
+class Report:
+    started: str
+    machine: dict[str, Any]
+    sections: list[dict[str, Any]] = field(default_factory=list)
+
+
+@contextmanager
+def running(procs: list[Proc]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def bench_profile(profile: str, args: argparse.Namespace, report: Report) -> None:
+    var_dir = Path(tempfile.mkdtemp(prefix=f"speedinfer-bench-{profile}-"))
+    env = profile_env(profile, var_dir)
+    reset_stores(profile)
+    up_port = free_port()
+    upstream = start(
+        "upstream",
+        [PY, "-m", "workers.simulator", "--port", str(up_port), "--model", MODEL, "--deltas", "16"],
+        env,
+        port=up_port,
+        cpus=args.upstream_cpus,
+    )
+    with running([upstream]):
+        key = seed(env, f"http://127.0.0.1:{up_port}/v1")
+        direct = Target("direct", up_port, "/v1/chat/completions")
+        for server in args.servers:
+            for workers in args.workers:
+                if server == "daphne" and workers != 1:
+                    continue
+                gw_port = free_port()
+                gw = start(server, server_cmd(server, gw_port, workers), env, port=gw_port, cpus=args.gateway_cpus)
+                with running([gw]):
+                    gateway = Target("gateway", gw_port, "/v1/chat/completions", key)
+                    label = f"{profile} / {server} x{workers}"
+                    print(f"== {label}", flush=True)
+                    section: dict[str, Any] = {"profile": profile, "server": server, "workers": workers}
+                    for latency in args.latencies:
+                        directive = f"[sim latency={latency}]" if latency else ""
+                        section[f"c1_{latency}ms"] = latency_c1(
+                            direct, gateway, body(directive=directive), rounds=args.rounds, per_round=args.per_round
+                        )
+                        print(f"   c1 upstream {latency} ms: {fmt_c1(section[f'c1_{latency}ms'])}", flush=True)
+                    section["c32_0ms"] = throughput(
+                        direct, gateway, body(), seconds=args.wrk_seconds, rounds=args.wrk_rounds
+                    )
+                    print(f"   c32: {fmt_tp(section['c32_0ms'])}", flush=True)
+                    if server == args.servers[0] and workers == args.workers[0]:
+                        section["stream"] = streaming(
+                            direct, gateway, deltas=64, delay_ms=20, rounds=args.stream_rounds
+                        )
+                        print(f"   stream: {fmt_stream(section['stream'])}", flush=True)
+                        rss_before = gw.rss_kib()
+                        soak = wrk(gateway, body(), seconds=args.soak)
+                        rss_after = gw.rss_kib()
+                        section["soak"] = {
+                            "seconds": args.soak,
+                            "requests": soak["requests"],
+                            "errors": soak["errors"],
+                            "rss_before_mib": rss_before / 1024,
+                            "rss_after_mib": rss_after / 1024,
+                        }
+                        print(
+                            f"   soak {args.soak}s: {soak['requests']} requests, {soak['errors']} errors, RSS "
+                            f"{rss_before / 1024:.1f} -> {rss_after / 1024:.1f} MiB",
+                            flush=True,
+                        )
+                    report.sections.append(section)
+    shutil.rmtree(var_dir, ignore_errors=True)
+
+
+def fmt_c1(r: dict[str, Any]) -> str:
+    return (
+        f"direct p50 {r['direct_p50_ms']:.2f} p99 {r['direct_p99_ms']:.2f} | gateway p50 {r['gateway_p50_ms']:.2f} "
+        f"p99 {r['gateway_p99_ms']:.2f} | added p50 {r['added_p50_ms']:.2f} p99 {r['added_p99_ms']:.2f} ms"
+        f"{' | ERRORS ' + str(r['errors']) if r['errors'] else ''}"
+    )
+
+
+def fmt_tp(r: dict[str, Any]) -> str:
+    return (
+        f"direct {r['direct_rps']:.0f} rps p99 {r['direct_p99_ms']:.1f} | gateway {r['gateway_rps']:.0f} rps "
+        f"p99 {r['gateway_p99_ms']:.1f} ms | gateway errors {r['gateway_errors']}"
+    )
+
+
+def fmt_stream(r: dict[str, Any]) -> str:
+    return (
+        f"ttft direct {r['direct_ttft_p50_ms']:.2f} gateway {r['gateway_ttft_p50_ms']:.2f} (added "
+        f"{r['added_ttft_p50_ms']:.2f} ms) | chunks {r['direct_chunks']} vs {r['gateway_chunks']} | max gap "
+        f"{r['direct_max_gap_ms']:.1f} vs {r['gateway_max_gap_ms']:.1f} ms | usage before [DONE]: "
+        f"{r['usage_before_done']}"
+    )
+
+
+def table(report: Report) -> str:
+    lines = [
+        f"# SpeedInfer benchmark, {report.started}",
+        "",
+        f"Machine: {report.machine}",
+        "",
+        "| profile | server | c1 direct p50/p99 | c1 gateway p50/p99 | added p50/p99 | c1@20ms added p50/p99 "
+        "| c32 direct rps | c32 gateway rps (p99) | errors |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in report.sections:
+        c0 = s.get("c1_0ms", {})
+        c20 = s.get("c1_20ms", {})
+        tp = s["c32_0ms"]
+        lines.append(
+            f"| {s['profile']} | {s['server']} x{s['workers']} "
+            f"| {c0.get('direct_p50_ms', 0):.2f} / {c0.get('direct_p99_ms', 0):.2f} ms "
+            f"| {c0.get('gateway_p50_ms', 0):.2f} / {c0.get('gateway_p99_ms', 0):.2f} ms "
+            f"| {c0.get('added_p50_ms', 0):.2f} / {c0.get('added_p99_ms', 0):.2f} ms "
+            f"| {c20.get('added_p50_ms', float('nan')):.2f} / {c20.get('added_p99_ms', float('nan')):.2f} ms "
+            f"| {tp['direct_rps']:.0f} | {tp['gateway_rps']:.0f} ({tp['gateway_p99_ms']:.1f} ms) "
+            f"| {tp['gateway_errors'] + c0.get('errors', 0)} |"
+        )
+    for s in report.sections:
+        if "stream" in s:
+            lines += ["", f"Streaming ({s['profile']}, {s['server']}): {fmt_stream(s['stream'])}"]
+        if "soak" in s:
+            k = s["soak"]
+            lines.append(
+                f"Soak ({s['profile']}, {s['server']}): {k['seconds']} s at c32, {k['requests']} requests, "
+                f"{k['errors']} errors, gateway RSS {k['rss_before_mib']:.1f} -> {k['rss_after_mib']:.1f} MiB"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profiles", default="full,embedded", help="comma-separated: full, embedded")
+    parser.add_argument("--servers", default="uvicorn", help="comma-separated: uvicorn, granian, daphne")
+    parser.add_argument("--workers", default="1", help="comma-separated gateway process counts, e.g. 1,2")
+    parser.add_argument("--latencies", default="0,20", help="upstream latencies in ms for the c1 runs")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--per-round", type=int, default=100)
+    parser.add_argument("--wrk-seconds", type=int, default=8)
+    parser.add_argument("--wrk-rounds", type=int, default=2)
+    parser.add_argument("--stream-rounds", type=int, default=10)
+    parser.add_argument("--soak", type=int, default=30, help="seconds of sustained c32 load for the memory check")
+    parser.add_argument("--gateway-cpus", default=None, help="taskset list for the gateway, e.g. 0")
+    parser.add_argument("--upstream-cpus", default=None, help="taskset list for the upstream, e.g. 1")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (for CI)")
+    args = parser.parse_args(argv)
+    args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    args.workers = [int(w) for w in args.workers.split(",")]
+    args.latencies = [int(x) for x in args.latencies.split(",")]
+    if args.quick:
+        args.rounds, args.per_round, args.wrk_seconds, args.wrk_rounds = 2, 20, 2, 1
+        args.stream_rounds, args.soak = 2, 2
+    if not shutil.which("wrk"):
+        sys.exit("wrk is not installed: `make bench` installs it (apt-get install wrk)")
+    report = Report(
+        started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        machine={"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+    )
+    for profile in [p.strip() for p in args.profiles.split(",") if p.strip()]:
+        bench_profile(profile, args, report)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(report.__dict__, indent=2, default=str))
+    text = table(report)
+    (RESULTS / "latest.md").write_text(text)
+    print()
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
