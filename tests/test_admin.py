@@ -1,0 +1,273 @@
+"""The staff admin: who may see it, and that every action goes through the services."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+from django.test import Client
+
+from accounts.models import Account, ApiKey, AuditLog
+from accounts.selectors import api_key_authenticate
+from billing.models import MICRO, LedgerEntry, PublicModel
+from billing.services import Outcome, credits_reserve, reservation_settle
+from tests.factories import make_account, make_key, make_model
+
+pytestmark = pytest.mark.django_db
+PASSWORD = "correct horse battery staple"
+
+
+@pytest.fixture
+def staff(django_user_model) -> Client:
+    django_user_model.objects.create_superuser(username="admin", email="admin@example.com", password=PASSWORD)
+    client = Client()
+    assert client.login(username="admin", password=PASSWORD)
+    return client
+
+
+@pytest.fixture
+def customer(django_user_model) -> Client:
+    django_user_model.objects.create_user(username="c@example.com", password=PASSWORD)
+    client = Client()
+    assert client.login(username="c@example.com", password=PASSWORD)
+    return client
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/admin/",
+        "/admin/accounts/account/",
+        "/admin/accounts/apikey/add/",
+        "/admin/billing/usagerecord/",
+        "/admin/billing/usagerecord/export.csv",
+        "/admin/accounts/auditlog/",
+    ],
+)
+def test_non_staff_and_anonymous_get_the_login_page(client, customer, url):
+    for who in (client, customer):
+        response = who.get(url)
+        assert response.status_code == 302
+        assert response["Location"].startswith("/admin/login/")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/admin/",
+        "/admin/accounts/account/",
+        "/admin/accounts/account/add/",
+        "/admin/accounts/apikey/",
+        "/admin/accounts/apikey/add/",
+        "/admin/accounts/auditlog/",
+        "/admin/billing/publicmodel/",
+        "/admin/billing/publicmodel/add/",
+        "/admin/billing/ledgerentry/",
+        "/admin/billing/reservation/",
+        "/admin/billing/usagerecord/",
+    ],
+)
+def test_staff_pages_render(staff, url):
+    make_account(name="Acme", credits=5)
+    assert staff.get(url).status_code == 200
+
+
+def test_account_shows_credits_read_only(staff):
+    account = make_account(name="Acme", credits=12)
+    listing = staff.get("/admin/accounts/account/").content.decode()
+    assert "12.000000" in listing
+    page = staff.get(f"/admin/accounts/account/{account.pk}/change/")
+    html = page.content.decode()
+    assert "12.000000" in html
+    assert 'name="available"' not in html and 'name="reserved"' not in html
+    staff.post(f"/admin/accounts/account/{account.pk}/change/", {"available": "999"})
+    account.refresh_from_db()
+    assert account.available == 12 * MICRO
+
+
+def test_staff_creates_an_account(staff):
+    response = staff.post(
+        "/admin/accounts/account/add/",
+        {"name": "NewCo", "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0"},
+    )
+    assert response.status_code == 302
+    account = Account.objects.get(name="NewCo")
+    assert AuditLog.objects.filter(action="account.create", target_id=str(account.pk)).exists()
+
+
+def test_grant_credits_form_needs_a_note_and_uses_the_ledger(staff):
+    account = make_account(name="Acme")
+    url = f"/admin/accounts/account/{account.pk}/grant/"
+    assert staff.get(url).status_code == 200
+    missing = staff.post(url, {"amount": "5"})
+    assert missing.status_code == 200 and b"required" in missing.content
+    account.refresh_from_db()
+    assert account.available == 0
+    done = staff.post(url, {"amount": "5.5", "note": "trial"})
+    assert done.status_code == 302
+    account.refresh_from_db()
+    assert account.available == 5_500_000
+    entry = LedgerEntry.objects.get(account=account, kind="grant")
+    assert (entry.amount, entry.actor, entry.note) == (5_500_000, "admin", "trial")
+    audit = AuditLog.objects.get(action="credits.grant")
+    assert audit.actor == "admin" and audit.detail["amount"] == "5.500000" and audit.detail["note"] == "trial"
+
+
+def test_grant_credits_action_on_several_accounts(staff):
+    a, b = make_account(name="A"), make_account(name="B")
+    data = {"action": "grant_credits", "_selected_action": [a.pk, b.pk]}
+    form = staff.post("/admin/accounts/account/", data)
+    assert form.status_code == 200 and b"Grant credits" in form.content
+    staff.post("/admin/accounts/account/", {**data, "apply": "1", "amount": "2", "note": "promo"})
+    assert sorted(Account.objects.values_list("available", flat=True)) == [2 * MICRO, 2 * MICRO]
+
+
+def test_removing_more_than_available_is_refused(staff):
+    account = make_account(name="Acme", credits=1)
+    staff.post(f"/admin/accounts/account/{account.pk}/grant/", {"amount": "-5", "note": "oops"})
+    account.refresh_from_db()
+    assert account.available == MICRO
+    assert not AuditLog.objects.filter(action="credits.grant").exists()
+
+
+def test_ledger_is_read_only_and_filterable(staff):
+    a = make_account(name="Acme", credits=3)
+    make_account(name="Other", credits=4)
+    entry = LedgerEntry.objects.get(account=a)
+    page = staff.get(f"/admin/billing/ledgerentry/?account__id__exact={a.pk}&kind__exact=grant")
+    assert page.status_code == 200
+    assert list(page.context["cl"].result_list) == [entry]
+    assert staff.get("/admin/billing/ledgerentry/?created_at__gte=2000-01-01+00:00:00%2B00:00").status_code == 200
+    assert staff.post(f"/admin/billing/ledgerentry/{entry.pk}/delete/").status_code == 403
+    assert staff.get("/admin/billing/ledgerentry/add/").status_code == 403
+
+
+def test_create_key_shows_the_secret_once(staff):
+    account = make_account(name="Acme")
+    make_model(model_id="acme/m1")
+    response = staff.post(
+        "/admin/accounts/apikey/add/",
+        {
+            "account": account.pk,
+            "name": "ops",
+            "scopes": ["chat", "usage"],
+            "allowed_models": ["acme/m1"],
+            "rpm": "60",
+            "tpm": "",
+            "expires_at_0": "",
+            "expires_at_1": "",
+        },
+    )
+    assert response.status_code == 200
+    secret = response.context["secret"]
+    assert secret.startswith("sk-si-") and secret in response.content.decode()
+    assert b"Copy" in response.content
+    key = ApiKey.objects.get(name="ops")
+    assert key.scopes == ["chat", "usage"] and key.allowed_models == ["acme/m1"] and key.rpm == 60
+    assert api_key_authenticate(raw_key=secret).key is not None
+    change = staff.get(f"/admin/accounts/apikey/{key.pk}/change/").content.decode()
+    assert secret not in change and key.digest in change  # digest shown, read-only
+    assert 'name="digest"' not in change
+    assert AuditLog.objects.filter(action="key.create", target_id=str(key.pk), actor="admin").exists()
+
+
+def test_key_widgets_are_checkboxes(staff):
+    make_model(model_id="acme/m1")
+    html = staff.get("/admin/accounts/apikey/add/").content.decode()
+    assert 'type="checkbox" name="scopes" value="admin"' in html
+    assert 'type="checkbox" name="allowed_models" value="acme/m1"' in html
+
+
+def test_edit_key_scopes_through_the_service(staff):
+    account = make_account(name="Acme")
+    created = make_key(account=account, name="k")
+    key = created.api_key
+    response = staff.post(
+        f"/admin/accounts/apikey/{key.pk}/change/",
+        {"name": "k2", "scopes": ["models"], "rpm": "", "tpm": "", "expires_at_0": "", "expires_at_1": ""},
+    )
+    assert response.status_code == 302
+    key.refresh_from_db()
+    assert key.name == "k2" and key.scopes == ["models"]
+    assert api_key_authenticate(raw_key=created.secret).key.scopes == frozenset({"models"})
+    assert AuditLog.objects.filter(action="key.update", target_id=str(key.pk)).exists()
+
+
+def test_revoke_action(staff):
+    account = make_account(name="Acme")
+    created = make_key(account=account, name="k")
+    staff.post("/admin/accounts/apikey/", {"action": "revoke_keys", "_selected_action": [created.api_key.pk]})
+    created.api_key.refresh_from_db()
+    assert created.api_key.revoked_at is not None
+    assert api_key_authenticate(raw_key=created.secret).reason == "revoked"
+    assert AuditLog.objects.filter(action="key.revoke").count() == 1
+
+
+def test_search_keys_by_prefix_or_name(staff):
+    account = make_account(name="Acme")
+    key = make_key(account=account, name="findme").api_key
+    other = make_key(account=account, name="other").api_key
+    by_prefix = staff.get("/admin/accounts/apikey/", {"q": key.prefix})
+    assert list(by_prefix.context["cl"].result_list) == [key]
+    by_name = staff.get("/admin/accounts/apikey/", {"q": "findme"})
+    assert other not in list(by_name.context["cl"].result_list)
+
+
+def test_model_prices_entered_as_credits(staff):
+    response = staff.post(
+        "/admin/billing/publicmodel/add/",
+        {
+            "model_id": "acme/new",
+            "input_price_credits": "0.5",
+            "output_price_credits": "1.25",
+            "max_output_tokens": "2048",
+        },
+    )
+    assert response.status_code == 302
+    model = PublicModel.objects.get(model_id="acme/new")
+    assert (model.input_price, model.output_price, model.max_output_tokens) == (500_000, 1_250_000, 2048)
+    listing = staff.get("/admin/billing/publicmodel/").content.decode()
+    assert "0.500000" in listing and "1.250000" in listing
+    staff.post(
+        f"/admin/billing/publicmodel/{model.pk}/change/",
+        {"input_price_credits": "0.75", "output_price_credits": "1.25", "max_output_tokens": "2048"},
+    )
+    model.refresh_from_db()
+    assert model.input_price == 750_000
+    audit = AuditLog.objects.get(action="model.update")
+    assert audit.detail["input_price"] == "0.750000" and audit.detail["previous_input_price"] == "0.500000"
+
+
+def test_usage_is_read_only_filterable_and_exports_csv(staff):
+    model = make_model(model_id="acme/m1")
+    a, b = make_account(name="A", credits=10), make_account(name="B", credits=10)
+    for account, rid in ((a, "ra"), (b, "rb")):
+        reservation = credits_reserve(account_id=account.pk, amount=MICRO, model=model, request_id=rid)
+        reservation_settle(
+            reservation_id=reservation.pk,
+            prompt_tokens=10,
+            completion_tokens=5,
+            outcome=Outcome(worker_id="w1", latency_ms=50),
+        )
+    page = staff.get(f"/admin/billing/usagerecord/?account__id__exact={a.pk}&model_id=acme/m1&status__exact=ok")
+    assert [r.request_id for r in page.context["cl"].result_list] == ["ra"]
+    assert b"Export CSV" in page.content
+    export = staff.get(f"/admin/billing/usagerecord/export.csv?account__id__exact={a.pk}")
+    rows = list(csv.DictReader(io.StringIO(b"".join(export.streaming_content).decode())))
+    assert [r["request_id"] for r in rows] == ["ra"] and rows[0]["account"] == "A" and rows[0]["worker"] == "w1"
+    record = page.context["cl"].result_list[0]
+    selected = staff.post("/admin/billing/usagerecord/", {"action": "export_csv", "_selected_action": [record.pk]})
+    assert b"ra" in b"".join(selected.streaming_content)
+    assert staff.get("/admin/billing/usagerecord/add/").status_code == 403
+
+
+def test_audit_log_is_read_only(staff):
+    make_account(name="Acme")
+    from accounts.services import audit_record
+
+    entry = audit_record(actor="someone", action="worker.disable", target="gpu-1", detail={"why": "test"})
+    page = staff.get("/admin/accounts/auditlog/")
+    assert b"worker.disable" in page.content
+    assert staff.post(f"/admin/accounts/auditlog/{entry.pk}/delete/").status_code == 403
+    assert staff.get("/admin/accounts/auditlog/add/").status_code == 403
