@@ -16,10 +16,12 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from accounts.ws_urls import websocket_urlpatterns  # noqa: E402
+from proxy.asgi import with_gateway  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # /v1/* is the lean gateway app (no Django middleware on the hot path); the rest is Django.
+        "http": with_gateway(django_asgi_app),
         # The session cookie authenticates the dashboard's live feed; the origin
         # check stops another site's page from opening it with that cookie.
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),

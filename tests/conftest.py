@@ -7,7 +7,7 @@ import pytest
 from accounts import key_cache
 
 # The real Triton server fixtures (triton_server, triton_factory), for the workers and proxy tests.
-pytest_plugins = ["tests.triton_server"]
+pytest_plugins = ["tests.triton_server", "tests.servers"]
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,134 @@
+"""The /v1 API as a lean ASGI application, mounted in front of Django by speedinfer.asgi.
+
+No Django request, URL resolver or middleware runs for /v1: a request is
+routed by exact path here, and touches Django only for the ORM work it needs
+(two thread hops for a completion, none for authentication on a warm key).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from proxy import catalog
+from proxy.errors import GatewayError
+from proxy.exchange import Exchange, Receive, Scope, Send
+from proxy.gateway import authenticate, handle_completion
+from proxy.payloads import CHAT, COMPLETIONS
+from proxy.selectors import key_summary, usage_page
+from speedinfer.metrics import observe_request
+
+log = logging.getLogger("speedinfer.gateway")
+
+Handler = Callable[[Exchange], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_key_summary = sync_to_async(key_summary)
+_usage_page = sync_to_async(usage_page)
+
+
+async def chat_completions(ex: Exchange) -> None:
+    await handle_completion(ex, CHAT)
+
+
+async def completions(ex: Exchange) -> None:
+    await handle_completion(ex, COMPLETIONS)
+
+
+async def models_list(ex: Exchange) -> None:
+    key = await authenticate(ex, "models")
+    models = await catalog.public_models()
+    data = [
+        {"id": m.model_id, "object": "model", "created": int(m.created_at.timestamp()), "owned_by": "speedinfer"}
+        for model_id, m in sorted(models.items())
+        if not key.allowed_models or model_id in key.allowed_models
+    ]
+    await ex.respond_json(200, {"object": "list", "data": data})
+
+
+async def key_show(ex: Exchange) -> None:
+    key = await authenticate(ex, "usage")
+    await ex.respond_json(200, await _key_summary(key=key))
+
+
+async def usage_list(ex: Exchange) -> None:
+    key = await authenticate(ex, "usage")
+    query = ex.query()
+    try:
+        limit = int(query.get("limit", "20"))
+        after = int(query["after"]) if query.get("after") else None
+    except ValueError:
+        raise GatewayError(400, "invalid_request", "'limit' and 'after' must be integers") from None
+    if not 1 <= limit <= 100:
+        raise GatewayError(400, "invalid_request", "'limit' must be between 1 and 100", param="limit")
+    await ex.respond_json(200, await _usage_page(key=key, limit=limit, after=after))
+
+
+ROUTES: dict[str, tuple[bytes, Handler]] = {
+    "/v1/chat/completions": (b"POST", chat_completions),
+    "/v1/completions": (b"POST", completions),
+    "/v1/models": (b"GET", models_list),
+    "/v1/key": (b"GET", key_show),
+    "/v1/usage": (b"GET", usage_list),
+}
+
+
+async def gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
+    ex = Exchange(scope, receive, send)
+    path = scope["path"].rstrip("/") or "/"
+    route = ROUTES.get(path)
+    try:
+        if route is None:
+            raise GatewayError(404, "not_found", f"unknown URL: {scope['method']} {scope['path']}")
+        method, handler = route
+        if scope["method"].encode() != method:
+            raise GatewayError(405, "method_not_allowed", f"{path} accepts {method.decode()} only")
+        await handler(ex)
+    except GatewayError as error:
+        if not ex.response_started:
+            await ex.respond_error(error)
+    except Exception:
+        log.exception("request %s failed", ex.request_id)
+        if not ex.response_started:
+            await ex.respond_error(GatewayError(500, "internal_error", "internal error; the request was not charged"))
+    finally:
+        elapsed = time.perf_counter() - ex.started
+        observe_request(
+            endpoint=path if route is not None else "other",
+            model=ex.model,
+            worker_id=ex.worker_id,
+            status=ex.status,
+            latency_s=elapsed,
+            ttft_s=ex.ttft,
+            prompt_tokens=ex.prompt_tokens,
+            completion_tokens=ex.completion_tokens,
+        )
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "request %s %s %s status=%s model=%s worker=%s tokens=%d+%d %.1fms",
+                ex.request_id,
+                scope["method"],
+                path,
+                ex.status,
+                ex.model or "-",
+                ex.worker_id or "-",
+                ex.prompt_tokens,
+                ex.completion_tokens,
+                elapsed * 1000,
+            )
+
+
+def with_gateway(django_app: Any) -> ASGIApp:
+    """HTTP requests under /v1/ go to the gateway, everything else to Django."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"].startswith("/v1/"):
+            await gateway_app(scope, receive, send)
+        else:
+            await django_app(scope, receive, send)
+
+    return app

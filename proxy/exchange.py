@@ -1,0 +1,145 @@
+"""One /v1 request and its response, on raw ASGI (no Django request or middleware on the hot path)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import orjson
+
+from proxy.errors import GatewayError
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,100}$")
+_JSON = (b"content-type", b"application/json")
+_SSE = (b"content-type", b"text/event-stream; charset=utf-8")
+
+
+class Exchange:
+    __slots__ = (
+        "scope",
+        "receive",
+        "_send",
+        "request_id",
+        "authorization",
+        "started",
+        "response_started",
+        "extra_headers",
+        "disconnected",
+        "interruptible",
+        "task",
+        "status",
+        "model",
+        "worker_id",
+        "ttft",
+        "prompt_tokens",
+        "completion_tokens",
+    )
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.scope = scope
+        self.receive = receive
+        self._send = send
+        self.started = time.perf_counter()
+        self.response_started = False
+        self.extra_headers: list[tuple[bytes, bytes]] = []
+        self.disconnected = False
+        self.interruptible = False  # True while cancelling the task on disconnect is safe (no DB write running)
+        self.task: asyncio.Task[Any] | None = None
+        self.status = 0
+        # What the request ended in, for the log line and metrics.
+        self.model = ""
+        self.worker_id = ""
+        self.ttft: float | None = None
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        request_id = b""
+        authorization = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value
+            elif name == b"x-request-id":
+                request_id = value
+        self.authorization = authorization
+        self.request_id = request_id.decode() if _REQUEST_ID.match(request_id) else uuid.uuid4().hex
+
+    def bearer(self) -> str:
+        scheme, _, token = self.authorization.partition(b" ")
+        return token.strip().decode("latin-1") if scheme.lower() == b"bearer" else ""
+
+    def query(self) -> dict[str, str]:
+        from urllib.parse import parse_qsl
+
+        return dict(parse_qsl(self.scope.get("query_string", b"").decode("latin-1")))
+
+    async def body(self) -> bytes:
+        chunks = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected = True
+                raise GatewayError(400, "invalid_request", "the client went away before sending the body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise GatewayError(400, "invalid_request", f"the request body exceeds {MAX_BODY_BYTES} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _headers(
+        self, content_type: tuple[bytes, bytes], extra: list[tuple[bytes, bytes]]
+    ) -> list[tuple[bytes, bytes]]:
+        return [content_type, (b"x-request-id", self.request_id.encode()), *self.extra_headers, *extra]
+
+    async def respond_json(self, status: int, payload: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        body = orjson.dumps(payload)
+        all_headers = self._headers(_JSON, headers or [])
+        all_headers.append((b"content-length", str(len(body)).encode()))
+        self.status = status
+        self.response_started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": all_headers})
+        await self._send({"type": "http.response.body", "body": body})
+
+    async def respond_error(self, error: GatewayError) -> None:
+        await self.respond_json(error.status, error.body(), error.headers)
+
+    async def start_stream(self) -> None:
+        self.status = 200
+        self.response_started = True
+        headers = self._headers(_SSE, [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")])
+        await self._send({"type": "http.response.start", "status": 200, "headers": headers})
+
+    async def send_chunk(self, data: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end_stream(self, data: bytes = b"") -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": False})
+
+    def watch_disconnect(self) -> asyncio.Task[None]:
+        """Notice the client leaving while we stream (uvicorn's send() then silently drops data).
+
+        Call only after the body has been read: the watcher owns receive().
+        """
+        self.task = asyncio.current_task()
+
+        async def watch() -> None:
+            while True:
+                message = await self.receive()
+                if message["type"] == "http.disconnect":
+                    self.disconnected = True
+                    if self.interruptible and self.task is not None:
+                        self.task.cancel()
+                    return
+
+        return asyncio.create_task(watch())

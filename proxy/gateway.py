@@ -1,0 +1,382 @@
+"""POST /v1/chat/completions and /v1/completions: the request path, in CONTRACT's order.
+
+parse and validate -> authenticate -> scope, model, allow-list -> rate limits
+-> streaming support -> select a worker -> reserve -> forward (one retry on
+another worker while nothing has reached the client) -> settle -> answer.
+
+Database work is two thread hops per request: one to reserve, one to settle
+(or release). Everything else on a warm request is served from memory.
+
+Charging on client disconnect mid-stream (see README, "The API"):
+- the worker's usage event had already arrived: settle with it (the client was
+  sent all the content);
+- no content had been sent yet: release, nothing is charged;
+- otherwise: charge what was delivered: one completion token per content
+  chunk sent to the client (OpenAI-compatible runtimes stream one token per
+  chunk) plus the prompt, estimated at one token per 4 bytes of prompt text
+  (capped by the reserved bound), since the worker had processed all of it.
+  The upstream request is closed at once, so the worker stops generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+from asgiref.sync import sync_to_async
+
+from accounts import key_cache
+from accounts.key_cache import KeyInfo
+from accounts.selectors import api_key_authenticate_async
+from billing.models import PublicModel, UsageRecord
+from billing.pricing import cost_of, prompt_token_bound
+from billing.services import InsufficientCredits, Outcome, reservation_release, reservation_settle
+from proxy import catalog
+from proxy.errors import GatewayError
+from proxy.exchange import Exchange
+from proxy.payloads import CompletionParams, parse_completion
+from proxy.ratelimit import rate_limit_admit, rate_limit_refund
+from proxy.services import request_reserve
+from proxy.transports import DONE, Usage, openai_complete, openai_stream_open, sse_data, triton_complete, usage_from
+from speedinfer.errors import error_body
+from workers import circuit, routing
+from workers.errors import RuntimeUsageUnavailable, UpstreamError, WorkerError
+from workers.routing import WorkerView
+
+log = logging.getLogger("speedinfer.gateway")
+
+_ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_release = sync_to_async(reservation_release)
+_settle = sync_to_async(reservation_settle)
+_reserve = sync_to_async(request_reserve)
+
+
+async def authenticate(ex: Exchange, scope: str) -> KeyInfo:
+    """The request's key with `scope`, or 401 invalid_api_key / 403 insufficient_scope."""
+    result = await api_key_authenticate_async(raw_key=ex.bearer())
+    key = result.key
+    if key is None:
+        reason = {"missing": "no API key was given (Authorization: Bearer ...)"}.get(
+            result.reason or "", f"the API key is {result.reason or 'unknown'}"
+        )
+        raise GatewayError(401, "invalid_api_key", reason)
+    if scope not in key.scopes:
+        raise GatewayError(403, "insufficient_scope", f"this key lacks the '{scope}' scope")
+    return key
+
+
+@dataclass
+class _Call:
+    """Everything one completion request carries through the path."""
+
+    ex: Exchange
+    params: CompletionParams
+    key: KeyInfo
+    model: PublicModel
+    max_tokens: int
+    prompt_bound: int
+    workers: list[WorkerView] = field(default_factory=list)
+    reservation_id: Any = None
+    worker: WorkerView | None = None
+    ttft: float | None = None
+    usage: Usage | None = None
+    delivered_chunks: int = 0
+    closed: bool = False  # the reservation was settled or released
+    outcome_status: int = 0  # a stream's real outcome, when it differs from the 200 already sent
+
+    def outcome(self) -> Outcome:
+        elapsed = time.perf_counter() - self.ex.started
+        return Outcome(
+            worker_id=self.worker.worker_id if self.worker else "",
+            endpoint=_ENDPOINT_PATHS[self.params.endpoint],
+            latency_ms=int(elapsed * 1000),
+            ttft_ms=int(self.ttft * 1000) if self.ttft is not None else None,
+            streamed=self.params.stream,
+        )
+
+    async def settle(self, usage: Usage, status: str = UsageRecord.Status.OK) -> None:
+        self.closed = True
+        await _settle(
+            reservation_id=self.reservation_id,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            outcome=self.outcome(),
+            status=status,
+        )
+
+    async def release(self, error_code: str) -> None:
+        if self.closed or self.reservation_id is None:
+            return
+        self.closed = True
+        await _release(reservation_id=self.reservation_id, error_code=error_code, outcome=self.outcome())
+
+
+async def handle_completion(ex: Exchange, endpoint: str) -> None:
+    params = parse_completion(await ex.body(), endpoint=endpoint)
+    ex.model = params.model
+    key = await authenticate(ex, endpoint)  # the scope names match the endpoints: chat, completions
+    model = (await catalog.public_models()).get(params.model)
+    if model is None:
+        raise GatewayError(404, "model_not_found", f"the model '{params.model}' does not exist", param="model")
+    if key.allowed_models and params.model not in key.allowed_models:
+        raise GatewayError(403, "model_not_allowed", f"this key may not use the model '{params.model}'", param="model")
+    cap = model.max_output_tokens
+    max_tokens = min(params.max_tokens, cap) if params.max_tokens else cap
+    prompt_bound = prompt_token_bound(texts=params.texts, messages=len(params.messages))
+    token_bound = prompt_bound + max_tokens
+
+    decision = await rate_limit_admit(key=key, tokens=token_bound)
+    ex.extra_headers = decision.headers(key)
+    if not decision.allowed:
+        raise GatewayError(429, "rate_limit_exceeded", "rate limit exceeded for this key; retry after the given time")
+
+    call = _Call(ex=ex, params=params, key=key, model=model, max_tokens=max_tokens, prompt_bound=prompt_bound)
+    try:
+        call.workers = await _select(params)
+        await _reserve_for(call)
+        if params.stream:
+            await _stream(call)
+        else:
+            await _complete(call)
+    finally:
+        ex.worker_id = call.worker.worker_id if call.worker else ""
+        ex.ttft = call.ttft
+        if call.usage is not None:
+            ex.prompt_tokens, ex.completion_tokens = call.usage.prompt_tokens, call.usage.completion_tokens
+        if call.outcome_status:
+            ex.status = call.outcome_status
+        # The tokens limit counts what was used, not the bound it admitted.
+        used = ex.prompt_tokens + ex.completion_tokens if call.closed and call.usage is not None else 0
+        await rate_limit_refund(key=key, tokens=token_bound - used)
+
+
+async def _select(params: CompletionParams) -> list[WorkerView]:
+    workers = await routing.eligible_workers(params.model)
+    if params.stream:
+        streamable = [w for w in workers if w.transport == "openai"]
+        if not streamable:
+            declared = {w.transport for w in workers} or await routing.model_transports_async(params.model)
+            if declared and "openai" not in declared:
+                raise GatewayError(
+                    400,
+                    "streaming_unsupported",
+                    f"the model '{params.model}' is served by direct Triton workers, which do not stream; "
+                    "send stream: false",
+                    param="stream",
+                )
+        workers = streamable
+    if not workers:
+        raise GatewayError(503, "no_healthy_worker", f"no healthy worker serves the model '{params.model}' right now")
+    return workers
+
+
+async def _reserve_for(call: _Call) -> None:
+    amount = cost_of(
+        prompt_tokens=call.prompt_bound,
+        completion_tokens=call.max_tokens,
+        input_price=call.model.input_price,
+        output_price=call.model.output_price,
+    )
+    try:
+        reservation = await _reserve(
+            key=call.key,
+            model=call.model,
+            amount=max(1, amount),  # a free model still holds a token micro-credit, so it settles like any other
+            request_id=call.ex.request_id,
+            touch=key_cache.touch_due(call.key.id),
+        )
+    except InsufficientCredits:
+        raise GatewayError(
+            402, "insufficient_credits", "the account's available credits do not cover this request's reservation"
+        ) from None
+    call.reservation_id = reservation.pk
+
+
+async def _forward_once(call: _Call, worker: WorkerView) -> tuple[dict[str, Any], Usage]:
+    forward = openai_complete if worker.transport == "openai" else triton_complete
+    routing.acquire(worker.worker_id)
+    try:
+        return await forward(
+            worker=worker, params=call.params, max_tokens=call.max_tokens, request_id=call.ex.request_id
+        )
+    finally:
+        routing.release(worker.worker_id)
+
+
+async def _complete(call: _Call) -> None:
+    try:
+        for attempt, worker in enumerate(call.workers[:2]):
+            call.worker = worker
+            try:
+                data, usage = await _forward_once(call, worker)
+            except WorkerError as error:
+                _log_worker_error(call, worker, error)
+                if error.counts_against_circuit:
+                    await circuit.record_failure(worker.worker_id, reason=error.code)
+                    if attempt == 0 and len(call.workers) > 1:
+                        continue  # nothing has reached the client: one more try elsewhere
+                await call.release(error.code)
+                raise GatewayError(error.status, error.code, error.message) from None
+            await circuit.record_success(worker.worker_id)
+            call.usage = usage
+            await call.settle(usage)
+            await call.ex.respond_json(200, data)
+            return
+    finally:
+        await call.release("internal_error")  # only if something above raised unexpectedly
+
+
+async def _stream(call: _Call) -> None:
+    ex = call.ex
+    watcher = ex.watch_disconnect()
+    response: httpx.Response | None = None
+    events = None
+    counted: str | None = None  # the worker whose in-flight count this stream holds
+    try:
+        ex.interruptible = True
+        first: bytes | None = None
+        for attempt, worker in enumerate(call.workers[:2]):
+            call.worker = worker
+            if counted is not None:
+                routing.release(counted)
+            routing.acquire(worker.worker_id)
+            counted = worker.worker_id
+            try:
+                response = await openai_stream_open(
+                    worker=worker, params=call.params, max_tokens=call.max_tokens, request_id=ex.request_id
+                )
+                events = sse_data(response)
+                first = await anext(events, None)
+                if first is None:
+                    raise RuntimeUsageUnavailable("the worker's stream ended without any event; nothing was charged")
+                break
+            except WorkerError as error:
+                _log_worker_error(call, worker, error)
+                if response is not None:
+                    await response.aclose()
+                    response = None
+                if error.counts_against_circuit:
+                    await circuit.record_failure(worker.worker_id, reason=error.code)
+                    if attempt == 0 and len(call.workers) > 1:
+                        continue
+                ex.interruptible = False
+                await call.release(error.code)
+                raise GatewayError(error.status, error.code, error.message) from None
+        assert response is not None and events is not None and first is not None
+        call.ttft = time.perf_counter() - ex.started
+        await ex.start_stream()
+        await _relay(call, first, events, response)
+    except asyncio.CancelledError:
+        if not ex.disconnected:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        ex.interruptible = False
+        if response is not None:
+            await response.aclose()
+            response = None
+        await _charge_disconnected(call)
+    finally:
+        ex.interruptible = False
+        watcher.cancel()
+        if counted is not None:
+            routing.release(counted)
+        if response is not None:
+            await response.aclose()
+        await call.release("internal_error")  # only if something above raised unexpectedly
+
+
+async def _relay(call: _Call, first: bytes, events: Any, response: httpx.Response) -> None:
+    """Forward each upstream event as it arrives; settle on the usage event's authority; end with [DONE]."""
+    ex = call.ex
+    public_model = call.params.model
+    include_usage = call.params.include_usage
+    worker = call.worker
+    assert worker is not None
+    payload: bytes | None = first
+    try:
+        while payload is not None:
+            if payload == DONE:
+                break
+            try:
+                chunk = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                raise UpstreamError(
+                    "the worker sent an event that is not JSON", detail=payload[:200].decode()
+                ) from None
+            if not isinstance(chunk, dict) or "error" in chunk:
+                raise UpstreamError("the worker reported an error mid-stream", detail=payload[:500].decode())
+            usage = usage_from(chunk.get("usage"))
+            if usage is not None:
+                call.usage = usage
+            choices = chunk.get("choices")
+            if choices or include_usage:
+                chunk["model"] = public_model
+                if not include_usage:
+                    chunk.pop("usage", None)
+                if ex.disconnected:
+                    raise asyncio.CancelledError
+                await ex.send_chunk(b"data: " + orjson.dumps(chunk) + b"\n\n")
+                if choices and _has_content(choices[0]):
+                    call.delivered_chunks += 1
+            payload = await anext(events, None)
+        if call.usage is None:
+            raise RuntimeUsageUnavailable("the worker's stream ended without usage; nothing was charged")
+    except WorkerError as error:
+        _log_worker_error(call, worker, error)
+        ex.interruptible = False
+        await response.aclose()
+        if error.counts_against_circuit:
+            await circuit.record_failure(worker.worker_id, reason=error.code)
+        await call.release(error.code)
+        event = error_body(status=error.status, code=error.code, message=error.message)
+        call.outcome_status = error.status
+        await ex.end_stream(b"data: " + orjson.dumps(event) + b"\n\n")
+        return
+    ex.interruptible = False
+    await circuit.record_success(worker.worker_id)
+    await call.settle(call.usage)
+    await ex.end_stream(b"data: [DONE]\n\n")
+
+
+def _has_content(choice: Any) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return bool(delta.get("content") or delta.get("tool_calls") or delta.get("function_call"))
+    return bool(choice.get("text"))
+
+
+async def _charge_disconnected(call: _Call) -> None:
+    """The client left mid-stream: charge what it was sent, nothing more (policy in the module docstring)."""
+    status = UsageRecord.Status.CLIENT_DISCONNECTED
+    call.outcome_status = 499
+    if call.usage is not None:
+        await call.settle(call.usage, status)
+    elif call.delivered_chunks == 0:
+        await call.release("client_disconnected")
+    else:
+        prompt_bytes = sum(len(t.encode()) for t in call.params.texts)
+        prompt = min(call.prompt_bound, math.ceil(prompt_bytes / 4))
+        completion = min(call.max_tokens, call.delivered_chunks)
+        await call.settle(Usage(prompt, completion), status)
+    log.info("request %s: client disconnected mid-stream after %d chunks", call.ex.request_id, call.delivered_chunks)
+
+
+def _log_worker_error(call: _Call, worker: WorkerView, error: WorkerError) -> None:
+    log.warning(
+        "request %s: worker %s failed: %s (%s) %s",
+        call.ex.request_id,
+        worker.worker_id,
+        error.code,
+        error.message,
+        error.detail,
+    )

@@ -1,0 +1,206 @@
+"""Per-key rate limits: requests per minute and tokens per minute, as token buckets.
+
+Each limit is a bucket holding at most the per-minute allowance and refilling
+continuously at allowance/60 per second, so a key can burst up to its minute's
+allowance and is then held to the steady rate (no doubled burst at a window
+boundary, as fixed windows allow).
+
+A request costs one request and its token bound (prompt bound + max_tokens).
+It is admitted when the bucket holds that much; a request larger than the
+whole allowance is admitted once the bucket is full and leaves it in debt.
+After the answer the unused part of the token bound is given back, so the
+tokens limit ends up counting the worker's actual usage.
+
+With REDIS_URL, one Lua script per check reads and updates both buckets
+atomically on the Redis clock, so the limit holds across every gateway
+process; without it, the same arithmetic runs in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from accounts.key_cache import KeyInfo
+
+_WINDOW_MS = 60_000
+
+_ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local rpm, tpm, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local function level(key, cap)
+  local v = redis.call('HMGET', key, 'l', 't')
+  local l, ts = tonumber(v[1]), tonumber(v[2])
+  if l == nil then return cap end
+  return math.min(cap, l + (now - ts) * cap / 60000)
+end
+local function store(key, l, cap)
+  redis.call('HSET', key, 'l', tostring(l), 't', now)
+  redis.call('PEXPIRE', key, math.ceil((cap - l) * 60000 / cap) + 1000)
+end
+local rl, tl, wait = 0, 0, 0
+if rpm > 0 then
+  rl = level(KEYS[1], rpm)
+  if rl < 1 then wait = math.max(wait, math.ceil((1 - rl) * 60000 / rpm)) end
+end
+if tpm > 0 then
+  tl = level(KEYS[2], tpm)
+  local need = math.min(cost, tpm)
+  if tl < need then wait = math.max(wait, math.ceil((need - tl) * 60000 / tpm)) end
+end
+if wait > 0 then return {0, wait, math.floor(rl), math.floor(tl)} end
+if rpm > 0 then rl = rl - 1; store(KEYS[1], rl, rpm) end
+if tpm > 0 then tl = tl - cost; store(KEYS[2], tl, tpm) end
+return {1, 0, math.floor(rl), math.floor(tl)}
+"""
+
+_REFUND = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cap, back = tonumber(ARGV[1]), tonumber(ARGV[2])
+local v = redis.call('HMGET', KEYS[1], 'l', 't')
+local l, ts = tonumber(v[1]), tonumber(v[2])
+if l == nil then return 0 end
+l = math.min(cap, l + (now - ts) * cap / 60000 + back)
+redis.call('HSET', KEYS[1], 'l', tostring(l), 't', now)
+redis.call('PEXPIRE', KEYS[1], math.ceil((cap - l) * 60000 / cap) + 1000)
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    retry_after_ms: int
+    remaining_requests: int
+    remaining_tokens: int
+
+    def headers(self, key: KeyInfo) -> list[tuple[bytes, bytes]]:
+        """OpenAI's x-ratelimit-* headers (reset: time until the bucket is full again)."""
+        out: list[tuple[bytes, bytes]] = []
+        if key.rpm:
+            remaining = max(0, self.remaining_requests)
+            out += [
+                (b"x-ratelimit-limit-requests", str(key.rpm).encode()),
+                (b"x-ratelimit-remaining-requests", str(remaining).encode()),
+                (b"x-ratelimit-reset-requests", _duration((key.rpm - remaining) * 60 / key.rpm)),
+            ]
+        if key.tpm:
+            remaining = max(0, self.remaining_tokens)
+            out += [
+                (b"x-ratelimit-limit-tokens", str(key.tpm).encode()),
+                (b"x-ratelimit-remaining-tokens", str(remaining).encode()),
+                (b"x-ratelimit-reset-tokens", _duration((key.tpm - self.remaining_tokens) * 60 / key.tpm)),
+            ]
+        if not self.allowed:
+            out += [
+                (b"retry-after", str(max(1, math.ceil(self.retry_after_ms / 1000))).encode()),
+                (b"retry-after-ms", str(self.retry_after_ms).encode()),
+            ]
+        return out
+
+
+def _duration(seconds: float) -> bytes:
+    if seconds < 60:
+        return f"{max(0.0, seconds):.3g}s".encode()
+    return f"{int(seconds // 60)}m{int(seconds % 60)}s".encode()
+
+
+UNLIMITED = Decision(allowed=True, retry_after_ms=0, remaining_requests=0, remaining_tokens=0)
+
+
+def _bucket_names(key: KeyInfo) -> tuple[str, str]:
+    # The digest, not the row id: ids repeat across databases sharing one Redis.
+    tag = key.digest[:20]
+    return f"si:rl:{{{tag}}}:r", f"si:rl:{{{tag}}}:t"
+
+
+class _LocalBuckets:
+    """The embedded default: the same buckets in this process's memory."""
+
+    def __init__(self) -> None:
+        self._levels: dict[str, tuple[float, float]] = {}
+
+    def _level(self, name: str, cap: int, now: float) -> float:
+        entry = self._levels.get(name)
+        if entry is None:
+            return float(cap)
+        level, at = entry
+        return min(float(cap), level + (now - at) * cap / 60.0)
+
+    def admit(self, key: KeyInfo, tokens: int) -> Decision:
+        now = time.monotonic()
+        r_name, t_name = _bucket_names(key)
+        rl = tl = 0.0
+        wait = 0.0
+        if key.rpm:
+            rl = self._level(r_name, key.rpm, now)
+            if rl < 1:
+                wait = max(wait, (1 - rl) * 60 / key.rpm)
+        if key.tpm:
+            tl = self._level(t_name, key.tpm, now)
+            need = min(tokens, key.tpm)
+            if tl < need:
+                wait = max(wait, (need - tl) * 60 / key.tpm)
+        if wait > 0:
+            return Decision(False, math.ceil(wait * 1000), math.floor(rl), math.floor(tl))
+        if len(self._levels) > 100_000:
+            self._levels.clear()
+        if key.rpm:
+            rl -= 1
+            self._levels[r_name] = (rl, now)
+        if key.tpm:
+            tl -= tokens
+            self._levels[t_name] = (tl, now)
+        return Decision(True, 0, math.floor(rl), math.floor(tl))
+
+    def refund(self, key: KeyInfo, tokens: int) -> None:
+        assert key.tpm
+        now = time.monotonic()
+        _, t_name = _bucket_names(key)
+        if t_name in self._levels:
+            self._levels[t_name] = (min(float(key.tpm), self._level(t_name, key.tpm, now) + tokens), now)
+
+
+_local = _LocalBuckets()
+_scripts: dict[int, tuple[object, object]] = {}
+
+
+def _redis_scripts() -> tuple[object, object]:
+    """The Redis client and its two registered scripts for the running event loop."""
+    import redis.asyncio as aioredis
+
+    loop_id = id(asyncio.get_running_loop())
+    found = _scripts.get(loop_id)
+    if found is None:
+        client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+        found = (client.register_script(_ADMIT), client.register_script(_REFUND))
+        _scripts[loop_id] = found
+    return found
+
+
+async def rate_limit_admit(*, key: KeyInfo, tokens: int) -> Decision:
+    """Charge one request and `tokens` to the key's buckets, or say how long to wait."""
+    if not key.rpm and not key.tpm:
+        return UNLIMITED
+    if not settings.REDIS_URL:
+        return _local.admit(key, tokens)
+    admit, _ = _redis_scripts()
+    allowed, wait, rl, tl = await admit(keys=list(_bucket_names(key)), args=[key.rpm or 0, key.tpm or 0, tokens])  # type: ignore[operator]
+    return Decision(bool(allowed), int(wait), int(rl), int(tl))
+
+
+async def rate_limit_refund(*, key: KeyInfo, tokens: int) -> None:
+    """Give back tokens admitted but not used (the bound minus the actual usage)."""
+    if not key.tpm or tokens <= 0:
+        return
+    if not settings.REDIS_URL:
+        _local.refund(key, tokens)
+        return
+    _, refund = _redis_scripts()
+    await refund(keys=[_bucket_names(key)[1]], args=[key.tpm, tokens])  # type: ignore[operator]
