@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from django.urls import URLPattern, URLResolver, path
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from billing.api import ModelDetailApi, ModelListApi
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("models/", ModelListApi.as_view(), name="api-models"),
+    # Model ids contain slashes (acme/llama-3-8b).
+    path("models/<path:model_id>", ModelDetailApi.as_view(), name="api-model"),
+]
