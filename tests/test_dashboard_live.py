@@ -1,0 +1,119 @@
+"""The live usage feed: a committed usage record reaches its account's open dashboards, only theirs."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from accounts.live import usage_push
+from accounts.services import account_user_create
+from billing.models import MICRO
+from billing.services import Outcome, credits_reserve, reservation_settle, usage_listeners
+from speedinfer.asgi import application
+from tests.factories import make_account, make_model
+
+PASSWORD = "correct horse battery staple"
+
+
+def session_cookie(email: str) -> bytes:
+    client = Client()
+    assert client.login(username=email, password=PASSWORD)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+def settle(account_id: int, model, request_id: str):
+    reservation = credits_reserve(account_id=account_id, amount=MICRO, model=model, request_id=request_id)
+    return reservation_settle(
+        reservation_id=reservation.pk,
+        prompt_tokens=100,
+        completion_tokens=50,
+        outcome=Outcome(worker_id="w1", latency_ms=77),
+    )
+
+
+async def receive_for(communicator: WebsocketCommunicator, request_id: str, within: float) -> dict | None:
+    """The message about `request_id`; others (a parallel test's) are skipped."""
+    deadline = time.monotonic() + within
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            message = await communicator.receive_json_from(timeout=left)
+        except TimeoutError:
+            return None
+        if message["usage"]["request_id"] == request_id:
+            return message
+    return None
+
+
+def test_the_listener_is_registered():
+    assert usage_push in usage_listeners
+
+
+@pytest.mark.django_db(transaction=True)
+def test_owner_sees_new_usage_live_and_outsider_does_not():
+    model = make_model(model_id="acme/live")
+    owner_account = make_account(name=f"live-owner-{uuid.uuid4().hex[:6]}", credits=10)
+    outsider_account = make_account(name=f"live-outsider-{uuid.uuid4().hex[:6]}", credits=10)
+    account_user_create(account=owner_account, email="owner@live.example", password=PASSWORD)
+    account_user_create(account=outsider_account, email="outsider@live.example", password=PASSWORD)
+    owner_cookie, outsider_cookie = session_cookie("owner@live.example"), session_cookie("outsider@live.example")
+    request_id = f"live-{uuid.uuid4().hex}"
+
+    async def scenario() -> None:
+        owner = WebsocketCommunicator(application, "/ws/usage/", headers=[(b"cookie", owner_cookie)])
+        outsider = WebsocketCommunicator(application, "/ws/usage/", headers=[(b"cookie", outsider_cookie)])
+        assert (await owner.connect())[0] and (await outsider.connect())[0]
+        # Settled in a sync_to_async thread, as the gateway does: the push goes to this loop.
+        await database_sync_to_async(settle)(owner_account.pk, model, request_id)
+        message = await receive_for(owner, request_id, within=5)
+        assert message is not None
+        usage = message["usage"]
+        assert usage["model"] == "acme/live" and usage["cost"] == "0.000200" and usage["status"] == "ok"
+        assert usage["prompt_tokens"] == 100 and usage["latency_ms"] == 77
+        assert "api_key" not in usage and "worker" not in usage
+        assert await outsider.receive_nothing(timeout=0.5)
+        await owner.disconnect()
+        await outsider.disconnect()
+
+    async_to_sync(scenario)()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_anonymous_and_accountless_sockets_are_refused(django_user_model):
+    django_user_model.objects.create_user(username="staff@live.example", password=PASSWORD, is_staff=True)
+    cookie = session_cookie("staff@live.example")
+
+    async def scenario() -> None:
+        anonymous = WebsocketCommunicator(application, "/ws/usage/")
+        connected, _ = await anonymous.connect()
+        assert not connected
+        accountless = WebsocketCommunicator(application, "/ws/usage/", headers=[(b"cookie", cookie)])
+        connected, _ = await accountless.connect()
+        assert not connected
+
+    async_to_sync(scenario)()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_channel_layer_never_fails_the_settlement(settings, caplog):
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]}}
+    }
+    from channels.layers import channel_layers
+
+    channel_layers.backends.pop("default", None)
+    try:
+        model = make_model(model_id="acme/live-broken")
+        account = make_account(name="broken-layer", credits=10)
+        started = time.perf_counter()
+        record = settle(account.pk, model, f"broken-{uuid.uuid4().hex}")
+        elapsed = time.perf_counter() - started
+        assert record is not None and record.cost == 200
+        assert elapsed < 1.0  # the push is handed off, never awaited on the request path
+    finally:
+        channel_layers.backends.pop("default", None)
