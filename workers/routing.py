@@ -128,7 +128,7 @@ async def _current() -> _Snapshot:
 
 
 async def _refresh_async() -> _Snapshot:
-    return _store(await sync_to_async(_load, thread_sensitive=False)())
+    return _store(await sync_to_async(_load)())
 
 
 def _current_sync() -> _Snapshot:
@@ -141,7 +141,16 @@ def _current_sync() -> _Snapshot:
         return _store(_load())
     # Called from async code: Django forbids the query on the loop's thread, so run it on another.
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return _store(pool.submit(_load).result())
+        return _store(pool.submit(_load_and_close).result())
+
+
+def _load_and_close() -> _Snapshot:
+    from django.db import connection
+
+    try:
+        return _load()
+    finally:
+        connection.close()  # the thread ends here; its connection must not linger
 
 
 def invalidate() -> None:
