@@ -1,5 +1,9 @@
 """Writes that move money: grant, reserve, settle, release, expire.
 
+On PostgreSQL the gateway's three (reserve, settle, release) are one statement
+each (billing.ledger_sql); elsewhere (the embedded SQLite) they are the ORM
+transactions below. Both keep the same invariants and are tested alike.
+
 Every operation is one short transaction that changes the account row with a
 conditional UPDATE (never read-then-write), claims reservation state changes
 with a conditional UPDATE and a row-count check, and appends a ledger row with
@@ -11,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from uuid import UUID
+from uuid import UUID, uuid4
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from accounts.models import Account
+from billing import ledger_sql
 from billing.models import LedgerEntry, PublicModel, Reservation, UsageRecord
 from billing.pricing import cost_of
 
@@ -73,6 +78,18 @@ def _ledger(
     )
 
 
+def _usage_params(outcome: Outcome, *, status: str, error_code: str) -> dict[str, object]:
+    return {
+        "endpoint": outcome.endpoint,
+        "worker_id": outcome.worker_id,
+        "latency_ms": outcome.latency_ms,
+        "ttft_ms": outcome.ttft_ms,
+        "streamed": outcome.streamed,
+        "usage_status": status,
+        "error_code": error_code,
+    }
+
+
 def _notify_on_commit(record: UsageRecord) -> None:
     def fire() -> None:
         for listener in usage_listeners:
@@ -113,13 +130,20 @@ def credits_reserve(
     """Hold `amount` micro-credits for one request, or raise InsufficientCredits."""
     if amount <= 0:
         raise InvalidAmount("a reservation must be positive")
-    with transaction.atomic(durable=True):
-        held = Account.objects.filter(pk=account_id, available__gte=amount).update(
-            available=F("available") - amount, reserved=F("reserved") + amount
-        )
-        if held != 1:
-            raise InsufficientCredits("insufficient credits for this request")
-        reservation = Reservation.objects.create(
+    reservation = Reservation(
+        id=uuid4(),
+        account_id=account_id,
+        api_key_id=api_key_id,
+        model_id=model.model_id,
+        amount=amount,
+        input_price=model.input_price,
+        output_price=model.output_price,
+        request_id=request_id,
+        created_at=timezone.now(),
+    )
+    if connection.vendor == "postgresql":
+        held = ledger_sql.reserve(
+            reservation_id=reservation.id,
             account_id=account_id,
             api_key_id=api_key_id,
             model_id=model.model_id,
@@ -127,7 +151,19 @@ def credits_reserve(
             input_price=model.input_price,
             output_price=model.output_price,
             request_id=request_id,
+            now=reservation.created_at,
         )
+        if not held:
+            raise InsufficientCredits("insufficient credits for this request")
+        reservation._state.adding = False
+        return reservation
+    with transaction.atomic(durable=True):
+        held_rows = Account.objects.filter(pk=account_id, available__gte=amount).update(
+            available=F("available") - amount, reserved=F("reserved") + amount
+        )
+        if held_rows != 1:
+            raise InsufficientCredits("insufficient credits for this request")
+        reservation.save(force_insert=True)
         _ledger(
             account_id=account_id,
             kind=LedgerEntry.Kind.RESERVE,
@@ -166,6 +202,20 @@ def reservation_settle(
     """
     if prompt_tokens < 0 or completion_tokens < 0:
         raise InvalidAmount("token counts must not be negative")
+    if connection.vendor == "postgresql":
+        found = ledger_sql.close(
+            reservation_id=reservation_id,
+            status=Reservation.Status.SETTLED,
+            kind=LedgerEntry.Kind.SETTLE,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            now=timezone.now(),
+            usage=_usage_params(outcome, status=status, error_code=""),
+        )
+        if not isinstance(found, UsageRecord):
+            return None
+        _notify_on_commit(found)
+        return found
     with transaction.atomic(durable=True):
         reservation = _claim(reservation_id, Reservation.Status.SETTLED)
         if reservation is None:
@@ -234,6 +284,23 @@ def reservation_release(
     With an error code, a zero-cost usage record keeps the failed request
     visible to the customer and to staff.
     """
+    if connection.vendor == "postgresql":
+        found = ledger_sql.close(
+            reservation_id=reservation_id,
+            status=Reservation.Status.RELEASED,
+            kind=LedgerEntry.Kind.RELEASE,
+            prompt_tokens=0,
+            completion_tokens=0,
+            now=timezone.now(),
+            note=error_code,
+            usage=_usage_params(outcome or Outcome(), status=UsageRecord.Status.FAILED, error_code=error_code)
+            if error_code
+            else None,
+        )
+        if not isinstance(found, UsageRecord):
+            return None
+        _notify_on_commit(found)
+        return found
     with transaction.atomic(durable=True):
         reservation = _claim(reservation_id, Reservation.Status.RELEASED)
         if reservation is None:

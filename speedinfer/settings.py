@@ -107,6 +107,8 @@ def _databases() -> dict[str, Any]:
             "NAME": VAR_DIR / "speedinfer.sqlite3",
             # WAL lets the probe scheduler write while the gateway reads.
             "OPTIONS": {"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE", "timeout": 20},
+            # A file, not shared-cache memory: the latter ignores the busy timeout across threads.
+            "TEST": {"NAME": str(VAR_DIR / "test.sqlite3")},
         }
     }
 
