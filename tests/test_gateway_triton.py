@@ -1,0 +1,96 @@
+"""The direct Triton transport through the gateway, against the real Triton server (tests/triton_server.py)."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from accounts.models import Account
+from billing.models import Reservation, UsageRecord
+from tests.factories import make_account, make_key, make_model
+from tests.servers import register_worker
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway"), pytest.mark.triton]
+NAMES = {
+    "input_name": "text_input",
+    "max_tokens_input_name": "max_tokens",
+    "output_name": "text_output",
+    "prompt_tokens_output_name": "prompt_tokens",
+    "completion_tokens_output_name": "completion_tokens",
+}
+
+
+@pytest.fixture
+def world(gateway_server, triton_server):
+    account = make_account(name="triton-customer", credits=10)
+    for model_id, triton_model in (
+        ("acme/tri", "text_generation"),
+        ("acme/tri-failing", "text_failing"),
+        ("acme/tri-uncounted", "text_no_counts"),
+    ):
+        make_model(model_id=model_id, max_output_tokens=32)
+        register_worker(
+            triton_server.url,
+            worker_id=f"triton-{triton_model}",
+            runtime="triton",
+            models=(model_id,),
+            model_name=triton_model,
+            **NAMES,
+        )
+    secret = make_key(account=account).secret
+    ai = openai.OpenAI(base_url=gateway_server.url + "/v1", api_key=secret, max_retries=0)
+    return {"account": account, "ai": ai}
+
+
+def money(world) -> tuple[int, int]:
+    account = Account.objects.get(pk=world["account"].pk)
+    return account.available, account.reserved
+
+
+def test_chat_is_answered_from_triton_with_its_own_counts(world):
+    reply = world["ai"].chat.completions.create(
+        model="acme/tri", max_tokens=3, messages=[{"role": "user", "content": "one two three four five"}]
+    )
+    assert reply.object == "chat.completion"
+    assert reply.model == "acme/tri"
+    # The default template renders "user: one two three four five\nassistant:"; the test model echoes words.
+    assert reply.choices[0].message.content == "user: one two"
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None and (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (7, 3)
+    record = UsageRecord.objects.get()
+    assert (record.prompt_tokens, record.completion_tokens, record.worker_id) == (7, 3, "triton-text_generation")
+    assert money(world) == (10_000_000 - record.cost, 0)
+
+
+def test_completions_from_triton(world):
+    reply = world["ai"].completions.create(model="acme/tri", prompt="alpha beta", max_tokens=8)
+    assert reply.object == "text_completion"
+    assert reply.choices[0].text == "alpha beta"
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage is not None and reply.usage.total_tokens == 4
+
+
+def test_502_triton_inference_failed(world):
+    before = money(world)
+    with pytest.raises(openai.APIStatusError) as info:
+        world["ai"].completions.create(model="acme/tri-failing", prompt="please FAIL_ON_DEMAND")
+    assert info.value.status_code == 502
+    assert info.value.body["code"] == "triton_inference_failed"  # type: ignore[index]
+    assert "failed on purpose" not in str(info.value.body)  # Triton's words stay in the logs
+    assert money(world) == before
+    assert Reservation.objects.get().status == "released"
+
+
+def test_502_runtime_usage_unavailable_without_count_tensors(world):
+    before = money(world)
+    with pytest.raises(openai.APIStatusError) as info:
+        world["ai"].completions.create(model="acme/tri-uncounted", prompt="hello")
+    assert (info.value.status_code, info.value.body["code"]) == (502, "runtime_usage_unavailable")  # type: ignore[index]
+    assert money(world) == before
+
+
+def test_streaming_is_refused_before_anything_is_reserved(world):
+    with pytest.raises(openai.APIStatusError) as info:
+        world["ai"].chat.completions.create(model="acme/tri", stream=True, messages=[{"role": "user", "content": "hi"}])
+    assert (info.value.status_code, info.value.body["code"]) == (400, "streaming_unsupported")  # type: ignore[index]
+    assert not Reservation.objects.exists()
