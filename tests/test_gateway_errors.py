@@ -19,7 +19,7 @@ from tests.servers import register_worker
 from workers.models import Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway")]
-HELLO = [{"role": "user", "content": "hello"}]
+HELLO: Any = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import openai
 import pytest
 
@@ -11,7 +13,7 @@ from tests.factories import make_account, make_key, make_model
 from tests.servers import register_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway"), pytest.mark.triton]
-NAMES = {
+NAMES: dict[str, Any] = {
     "input_name": "text_input",
     "max_tokens_input_name": "max_tokens",
     "output_name": "text_output",
