@@ -67,8 +67,6 @@ class WorkerRegistrationForm(forms.ModelForm):
             data["upstream_api_key"] = ""
         elif cleaned.get("upstream_api_key"):
             data["upstream_api_key"] = cleaned["upstream_api_key"]
-        else:
-            data.pop("upstream_api_key", None)
         self.cleaned_data["document"] = data
         return cleaned
 
