@@ -1,0 +1,111 @@
+"""Per-key rpm and tpm: 429 with Retry-After and x-ratelimit-* headers, shared across processes through Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import openai
+import pytest
+from django.conf import settings
+
+from accounts.key_cache import KeyInfo
+from proxy.ratelimit import rate_limit_admit
+from tests.factories import make_account, make_key, make_model
+from tests.servers import register_worker
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway")]
+HI: Any = [{"role": "user", "content": "hi [sim deltas=2]"}]
+
+
+@pytest.fixture
+def world(gateway_server, simulator):
+    make_model(model_id="acme/model-1", max_output_tokens=100)
+    account = make_account(name="limited", credits=10)
+    register_worker(simulator.base_url)
+    return {"account": account, "url": gateway_server.url}
+
+
+def sdk(world, **key: Any) -> openai.OpenAI:
+    secret = make_key(account=world["account"], **key).secret
+    return openai.OpenAI(base_url=world["url"] + "/v1", api_key=secret, max_retries=0)
+
+
+@pytest.fixture(params=["redis", "in-process"])
+def backend(request, settings):
+    if request.param == "in-process":
+        settings.REDIS_URL = ""
+    elif not settings.REDIS_URL:
+        pytest.skip("REDIS_URL is not set")
+    return request.param
+
+
+def test_requests_per_minute(world, backend):
+    ai = sdk(world, rpm=3)
+    remaining = []
+    for _ in range(3):
+        raw = ai.chat.completions.with_raw_response.create(model="acme/model-1", messages=HI, max_tokens=2)
+        assert raw.headers["x-ratelimit-limit-requests"] == "3"
+        remaining.append(raw.headers["x-ratelimit-remaining-requests"])
+    assert remaining == ["2", "1", "0"]
+    with pytest.raises(openai.RateLimitError) as info:
+        ai.chat.completions.create(model="acme/model-1", messages=HI, max_tokens=2)
+    assert info.value.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
+    # One request comes back every 20 s at 3 per minute.
+    assert 1 <= int(info.value.response.headers["retry-after"]) <= 20
+
+
+def test_tokens_per_minute_count_actual_usage(world, backend):
+    ai = sdk(world, tpm=150)
+    # Each request is admitted on its bound: prompt bound (17 bytes + 16 + 16) plus max_tokens 50 = 99;
+    # then the unused part comes back ("hi [sim deltas=2]" uses 3 + 2 tokens), so five fit in 150.
+    for _ in range(5):
+        raw = ai.chat.completions.with_raw_response.create(model="acme/model-1", messages=HI, max_tokens=50)
+        assert raw.headers["x-ratelimit-limit-tokens"] == "150"
+    # A request that really uses 52 tokens leaves too little for another bound of 99.
+    ai.chat.completions.create(
+        model="acme/model-1", messages=[{"role": "user", "content": "[sim deltas=50]"}], max_tokens=50
+    )
+    with pytest.raises(openai.RateLimitError) as info:
+        ai.chat.completions.create(model="acme/model-1", messages=HI, max_tokens=50)
+    assert int(info.value.response.headers["retry-after"]) >= 1
+    assert int(info.value.response.headers["x-ratelimit-remaining-tokens"]) < 99
+
+
+def test_a_key_without_limits_gets_no_rate_limit_headers(world):
+    raw = sdk(world).chat.completions.with_raw_response.create(model="acme/model-1", messages=HI, max_tokens=2)
+    assert "x-ratelimit-limit-requests" not in raw.headers
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="REDIS_URL is not set")
+def test_the_limit_holds_across_event_loops_and_threads(world):
+    """Two gateway processes look like two threads with their own loops and Redis connections here."""
+    key = KeyInfo(
+        id=1,
+        account_id=1,
+        account_name="x",
+        name="x",
+        prefix="x",
+        digest=make_key(account=world["account"]).api_key.digest,
+        scopes=frozenset(),
+        allowed_models=frozenset(),
+        rpm=10,
+        tpm=None,
+        expires_at=None,
+        revoked=False,
+    )
+    admitted: list[bool] = []
+
+    def hammer() -> None:
+        async def run() -> list[bool]:
+            return [(await rate_limit_admit(key=key, tokens=1)).allowed for _ in range(15)]
+
+        admitted.extend(asyncio.run(run()))
+
+    threads = [threading.Thread(target=hammer) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert admitted.count(True) == 10
