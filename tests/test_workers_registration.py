@@ -167,3 +167,14 @@ def test_tensor_names_like_max_tokens_are_not_mistaken_for_credentials(tmp_path)
     doc = _triton(runtime_config={"prompt_tokens_output_name": "num_input_tokens"}, runtime_metadata={"max_tokens": 8})
     run("registerworker", write(tmp_path, doc))
     assert Worker.objects.get(worker_id="triton-01").runtime_config["prompt_tokens_output_name"] == "num_input_tokens"
+
+
+def test_local_gpu_metadata_degrades_without_a_gpu_and_registers_cleanly(tmp_path):
+    from workers.gpu import local_gpu_metadata
+
+    gpus = local_gpu_metadata()
+    assert isinstance(gpus, list)  # [] on a machine without a GPU
+    for gpu in gpus:
+        assert not {"serial", "uuid"} & set(gpu)
+    doc = json.loads(SPEC_CUDA) | {"gpu_metadata": {"gpus": gpus}}
+    run("registerworker", write(tmp_path, doc))
