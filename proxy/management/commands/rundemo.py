@@ -2,12 +2,27 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from argparse import ArgumentParser
 from typing import Any
 
 from speedinfer.commands import SpeedInferCommand
+
+
+def _wait_for_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 class Command(SpeedInferCommand):
@@ -21,10 +36,20 @@ class Command(SpeedInferCommand):
         parser.add_argument("--host", default="127.0.0.1")
 
     def run(self, *args: Any, **options: Any) -> None:
+        from proxy.demo import simulator_port
+
+        # A SIGTERM (a supervisor, `kill`) stops the children too, as Ctrl-C does.
+        signal.signal(signal.SIGTERM, _interrupt)
         python = sys.executable
+        port = simulator_port()
         children = [
-            subprocess.Popen([python, "manage.py", "runschedule"]),  # noqa: S603 (our own interpreter and script)
+            # The demo's GPU worker: an OpenAI-compatible simulator that streams a token every 25 ms.
+            subprocess.Popen(  # noqa: S603 (our own interpreter and module)
+                [python, "-m", "workers.simulator", "--port", str(port), "--delay-ms", "25"]
+            ),
         ]
+        _wait_for_port(port)  # so the schedule's first probe finds it up
+        children.append(subprocess.Popen([python, "manage.py", "runschedule"]))  # noqa: S603
         try:
             server = subprocess.Popen(  # noqa: S603
                 [
