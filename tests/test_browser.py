@@ -1,0 +1,160 @@
+"""A real browser (Debian's chromium, driven by Playwright) on the real ASGI app.
+
+The customer signs in, sees the balance and a drawn chart, creates a key, and
+with that key makes a real request through the gateway to the worker
+simulator; the settled usage row appears on the open page over the WebSocket.
+Staff pages are visited too. Screenshots go to var/screenshots/.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from django.conf import settings as django_settings
+from django.utils import timezone
+
+from accounts.models import ApiKey
+from accounts.services import account_user_create
+from billing.models import MICRO, UsageRecord
+from billing.services import Outcome, credits_reserve, reservation_settle
+from tests.factories import make_account, make_model
+from tests.servers import register_worker
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SCREENSHOTS = Path(django_settings.BASE_DIR) / "var" / "screenshots"
+PASSWORD = "correct horse battery staple"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("fresh_gateway"),
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (make chromium)"),
+]
+
+
+def seed_history(account, model) -> None:
+    """A few settled requests over the last days, so the charts have bars."""
+    for days_ago in range(6):
+        reservation = credits_reserve(
+            account_id=account.pk, amount=MICRO // 10, model=model, request_id=f"old-{days_ago}"
+        )
+        record = reservation_settle(
+            reservation_id=reservation.pk,
+            prompt_tokens=200 * (days_ago + 1),
+            completion_tokens=100 * (days_ago + 1),
+            outcome=Outcome(worker_id="sim-1", latency_ms=40 + days_ago),
+        )
+        assert record is not None
+        UsageRecord.objects.filter(pk=record.pk).update(created_at=timezone.now() - timedelta(days=days_ago))
+
+
+def canvas_has_pixels(page, selector: str) -> bool:
+    return page.eval_on_selector(
+        selector,
+        """(canvas) => {
+            const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+            for (let i = 3; i < data.length; i += 4) { if (data[i] !== 0) return true; }
+            return false;
+        }""",
+    )
+
+
+def test_customer_dashboard_in_a_real_browser(gateway_server, simulator, settings, django_user_model, monkeypatch):
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop in this thread; the ORM calls here are plain sync code.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    # Plain http on 127.0.0.1 in the test: cookies must not require TLS.
+    settings.SESSION_COOKIE_SECURE = False
+    settings.CSRF_COOKIE_SECURE = False
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+
+    model = make_model(model_id="acme/model-1", input_price=MICRO, output_price=2 * MICRO, max_output_tokens=64)
+    account = make_account(name="Browser Co", credits=25)
+    account_user_create(account=account, email="owner@browser.example", password=PASSWORD)
+    django_user_model.objects.create_superuser(username="admin", email="admin@browser.example", password=PASSWORD)
+    register_worker(simulator.base_url)
+    seed_history(account, model)
+    account.refresh_from_db()
+    base = gateway_server.url
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        try:
+            page.goto(f"{base}/dashboard/")
+            assert "/accounts/login/" in page.url
+            page.screenshot(path=str(SCREENSHOTS / "01-login.png"), full_page=True)
+            page.fill("#id_username", "owner@browser.example")
+            page.fill("#id_password", PASSWORD)
+            page.click("button[type=submit]")
+            page.wait_for_url(f"{base}/dashboard/")
+            balance = page.text_content("#balance")
+            assert balance is not None and balance.strip() == f"{account.available / MICRO:,.2f}"
+            page.screenshot(path=str(SCREENSHOTS / "02-home.png"), full_page=True)
+
+            page.goto(f"{base}/dashboard/usage/")
+            page.wait_for_function("() => window.Chart && Chart.getChart('tokens-chart')")
+            assert canvas_has_pixels(page, "#tokens-chart") and canvas_has_pixels(page, "#cost-chart")
+            page.screenshot(path=str(SCREENSHOTS / "03-usage.png"), full_page=True)
+
+            page.goto(f"{base}/dashboard/keys/")
+            page.fill("#id_name", "browser-key")
+            page.click("button.primary")
+            page.wait_for_selector("#secret")
+            secret = page.input_value("#secret")
+            assert secret.startswith("sk-si-")
+            assert ApiKey.objects.filter(account=account, name="browser-key").exists()
+            page.screenshot(path=str(SCREENSHOTS / "04-key-created.png"), full_page=True)
+
+            page.goto(f"{base}/dashboard/usage/")
+            page.wait_for_selector("#live-status:not([hidden])")  # the WebSocket is open
+            before = page.locator("#recent-rows tr").count()
+            request_id = f"browser-{uuid.uuid4().hex[:12]}"
+            response = httpx.post(
+                f"{base}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {secret}", "X-Request-Id": request_id},
+                json={"model": "acme/model-1", "messages": [{"role": "user", "content": "hello there"}]},
+                timeout=30,
+            )
+            assert response.status_code == 200, response.text
+            rid = response.headers.get("x-request-id") or request_id
+            row = page.wait_for_selector(f'#recent-rows tr[data-request-id="{rid}"]', timeout=10_000)
+            assert row is not None and "acme/model-1" in (row.text_content() or "")
+            assert page.locator("#recent-rows tr").count() == before + 1
+            page.screenshot(path=str(SCREENSHOTS / "05-live-row.png"), full_page=True)
+
+            narrow = browser.new_page(viewport={"width": 390, "height": 844})
+            narrow.context.add_cookies(page.context.cookies())
+            narrow.goto(f"{base}/dashboard/")
+            narrow.screenshot(path=str(SCREENSHOTS / "06-home-phone.png"), full_page=True)
+            narrow.close()
+
+            staff = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+            staff.goto(f"{base}/admin/")
+            staff.fill("#id_username", "admin")
+            staff.fill("#id_password", PASSWORD)
+            staff.click("input[type=submit]")
+            staff.goto(f"{base}/admin/accounts/account/")
+            assert "Browser Co" in staff.content()
+            staff.screenshot(path=str(SCREENSHOTS / "07-admin-accounts.png"), full_page=True)
+            staff.goto(f"{base}/admin/accounts/account/{account.pk}/grant/")
+            staff.screenshot(path=str(SCREENSHOTS / "08-admin-grant.png"), full_page=True)
+            staff.goto(f"{base}/admin/billing/usagerecord/")
+            staff.screenshot(path=str(SCREENSHOTS / "09-admin-usage.png"), full_page=True)
+        finally:
+            browser.close()
