@@ -11,7 +11,7 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 TRITON_VENV ?= $(HOME)/.cache/speedinfer/triton-venv
 TRITON_PYTHON ?= /usr/bin/python3.11
 
-.PHONY: install install-dev run test lint bench clean help triton
+.PHONY: install install-dev run test lint bench clean help triton chromium
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -35,7 +35,7 @@ run: install ## migrate, seed the demo and serve at http://127.0.0.1:$(PORT)
 	$(PY) manage.py seeddemo
 	PORT=$(PORT) $(PY) manage.py rundemo --port $(PORT)
 
-test: install-dev triton ## the whole suite against PostgreSQL and Redis
+test: install-dev triton chromium ## the whole suite against PostgreSQL and Redis
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
 	SECRET_KEY=$${SECRET_KEY:-test-secret-key} DEBUG=0 ALLOWED_HOSTS='*' \
 	$(VENV)/bin/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
@@ -59,6 +59,9 @@ $(TRITON_VENV)/.installed:
 bench: install-dev ## gateway vs direct path: latency, throughput, streaming, memory (BENCH_ARGS=...)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(PY) bench/run.py $(BENCH_ARGS)
+
+chromium: ## Debian's chromium for the browser test (Playwright's own browser download fails here)
+	@test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
 lint: install-dev ## ruff and mypy
 	$(VENV)/bin/ruff check .
