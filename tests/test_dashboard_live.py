@@ -54,8 +54,20 @@ def test_the_listener_is_registered():
     assert usage_push in usage_listeners
 
 
+@pytest.fixture(params=["redis", "in-memory"])
+def layer(request, settings):
+    """Redis in production; the in-memory layer of the embedded default (same process, the server's loop)."""
+    from channels.layers import channel_layers
+
+    if request.param == "in-memory":
+        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    channel_layers.backends.pop("default", None)
+    yield request.param
+    channel_layers.backends.pop("default", None)
+
+
 @pytest.mark.django_db(transaction=True)
-def test_owner_sees_new_usage_live_and_outsider_does_not():
+def test_owner_sees_new_usage_live_and_outsider_does_not(layer):
     model = make_model(model_id="acme/live")
     owner_account = make_account(name=f"live-owner-{uuid.uuid4().hex[:6]}", credits=10)
     outsider_account = make_account(name=f"live-outsider-{uuid.uuid4().hex[:6]}", credits=10)
