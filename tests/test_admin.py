@@ -190,7 +190,8 @@ def test_edit_key_scopes_through_the_service(staff):
     assert response.status_code == 302
     key.refresh_from_db()
     assert key.name == "k2" and key.scopes == ["models"]
-    assert api_key_authenticate(raw_key=created.secret).key.scopes == frozenset({"models"})
+    info = api_key_authenticate(raw_key=created.secret).key
+    assert info is not None and info.scopes == frozenset({"models"})
     assert AuditLog.objects.filter(action="key.update", target_id=str(key.pk)).exists()
 
 
