@@ -32,20 +32,20 @@ _LEDGER_COLUMNS = (
 
 RESERVE = f"""
 WITH acc AS (
-    UPDATE {_ACCOUNT} SET available = available - %(amount)s, reserved = reserved + %(amount)s
-    WHERE id = %(account_id)s AND available >= %(amount)s
+    UPDATE {_ACCOUNT} SET available = available - %(amount)s::bigint, reserved = reserved + %(amount)s::bigint
+    WHERE id = %(account_id)s::bigint AND available >= %(amount)s::bigint
     RETURNING id, available, reserved
 ), res AS (
     INSERT INTO {_RESERVATION}
         (id, account_id, api_key_id, model_id, amount, input_price, output_price, status, request_id, created_at)
-    SELECT %(id)s, id, %(api_key_id)s, %(model_id)s, %(amount)s, %(input_price)s, %(output_price)s, 'held',
-        %(request_id)s, %(now)s
+    SELECT %(id)s::uuid, id, %(api_key_id)s::bigint, %(model_id)s::varchar, %(amount)s::bigint,
+        %(input_price)s::bigint, %(output_price)s::bigint, 'held', %(request_id)s::varchar, %(now)s::timestamptz
     FROM acc
     RETURNING id
 ), led AS (
     INSERT INTO {_LEDGER} ({_LEDGER_COLUMNS})
-    SELECT id, 'reserve', %(amount)s, -%(amount)s, %(amount)s, available, reserved, %(reference)s, 'gateway', '',
-        %(now)s
+    SELECT id, 'reserve', %(amount)s::bigint, -(%(amount)s::bigint), %(amount)s::bigint, available, reserved,
+        %(reference)s::varchar, 'gateway', '', %(now)s::timestamptz
     FROM acc
 )
 SELECT count(*) FROM res
@@ -55,8 +55,8 @@ SELECT count(*) FROM res
 # rounds up to the next micro-credit exactly as billing.pricing.cost_of does.
 _CLAIM_AND_COST = f"""
 WITH res AS (
-    UPDATE {_RESERVATION} SET status = %(status)s, closed_at = %(now)s
-    WHERE id = %(id)s AND status = 'held'
+    UPDATE {_RESERVATION} SET status = %(status)s::varchar, closed_at = %(now)s::timestamptz
+    WHERE id = %(id)s::uuid AND status = 'held'
     RETURNING id, account_id, api_key_id, model_id, amount, request_id, input_price, output_price
 ), c AS (
     SELECT res.*, CEIL(
@@ -69,8 +69,9 @@ WITH res AS (
     RETURNING a.id, a.available, a.reserved
 ), led AS (
     INSERT INTO {_LEDGER} ({_LEDGER_COLUMNS})
-    SELECT acc.id, %(kind)s, CASE WHEN %(kind)s = 'settle' THEN c.cost ELSE c.amount END, c.amount - c.cost,
-        -c.amount, acc.available, acc.reserved, %(reference)s, 'gateway', %(note)s, %(now)s
+    SELECT acc.id, %(kind)s::varchar, CASE WHEN %(kind)s::varchar = 'settle' THEN c.cost ELSE c.amount END,
+        c.amount - c.cost, -c.amount, acc.available, acc.reserved, %(reference)s::varchar, 'gateway', %(note)s::text,
+        %(now)s::timestamptz
     FROM acc, c
 )
 """
@@ -86,9 +87,10 @@ CLOSE_WITH_USAGE = (
     INSERT INTO {_USAGE}
         (account_id, api_key_id, reservation_id, request_id, endpoint, model_id, worker_id, prompt_tokens,
          completion_tokens, cost, reserved, overrun, latency_ms, ttft_ms, streamed, status, error_code, created_at)
-    SELECT c.account_id, c.api_key_id, c.id, c.request_id, %(endpoint)s, c.model_id, %(worker_id)s,
-        %(prompt_tokens)s, %(completion_tokens)s, c.cost, c.amount, GREATEST(0, c.cost - c.amount), %(latency_ms)s,
-        %(ttft_ms)s, %(streamed)s, %(usage_status)s, %(error_code)s, %(now)s
+    SELECT c.account_id, c.api_key_id, c.id, c.request_id, %(endpoint)s::varchar, c.model_id, %(worker_id)s::varchar,
+        %(prompt_tokens)s::integer, %(completion_tokens)s::integer, c.cost, c.amount, GREATEST(0, c.cost - c.amount),
+        %(latency_ms)s::integer, %(ttft_ms)s::integer, %(streamed)s::boolean, %(usage_status)s::varchar,
+        %(error_code)s::varchar, %(now)s::timestamptz
     FROM c
     RETURNING {_USAGE_RETURNING}
 )
