@@ -21,6 +21,7 @@ from proxy.gateway import authenticate, handle_completion
 from proxy.payloads import CHAT, COMPLETIONS
 from proxy.selectors import key_summary, usage_page
 from speedinfer.metrics import observe_request
+from speedinfer.request_log import log_request
 
 log = logging.getLogger("speedinfer.gateway")
 
@@ -107,19 +108,21 @@ async def gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
             prompt_tokens=ex.prompt_tokens,
             completion_tokens=ex.completion_tokens,
         )
-        if log.isEnabledFor(logging.INFO):
-            log.info(
-                "request %s %s %s status=%s model=%s worker=%s tokens=%d+%d %.1fms",
-                ex.request_id,
-                scope["method"],
-                path,
-                ex.status,
-                ex.model or "-",
-                ex.worker_id or "-",
-                ex.prompt_tokens,
-                ex.completion_tokens,
-                elapsed * 1000,
-            )
+        log_request(
+            request_id=ex.request_id,
+            account_id=ex.account_id,
+            key_prefix=ex.key_prefix,
+            endpoint=path if route is not None else "other",
+            model=ex.model,
+            worker_id=ex.worker_id,
+            status=ex.status,
+            error_code=ex.error_code,
+            latency_ms=int(elapsed * 1000),
+            ttft_ms=int(ex.ttft * 1000) if ex.ttft is not None else None,
+            prompt_tokens=ex.prompt_tokens,
+            completion_tokens=ex.completion_tokens,
+            streamed=ex.streamed,
+        )
 
 
 def with_gateway(django_app: Any) -> ASGIApp:

@@ -43,6 +43,10 @@ class Exchange:
         "ttft",
         "prompt_tokens",
         "completion_tokens",
+        "account_id",
+        "key_prefix",
+        "error_code",
+        "streamed",
     )
 
     def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -62,6 +66,10 @@ class Exchange:
         self.ttft: float | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.account_id: int | None = None
+        self.key_prefix = ""
+        self.error_code = ""
+        self.streamed = False
         request_id = b""
         authorization = b""
         for name, value in scope["headers"]:
@@ -112,6 +120,7 @@ class Exchange:
         await self._send({"type": "http.response.body", "body": body})
 
     async def respond_error(self, error: GatewayError) -> None:
+        self.error_code = error.code
         await self.respond_json(error.status, error.body(), error.headers)
 
     async def start_stream(self) -> None:

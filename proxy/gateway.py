@@ -61,6 +61,8 @@ async def authenticate(ex: Exchange, scope: str) -> KeyInfo:
     """The request's key with `scope`, or 401 invalid_api_key / 403 insufficient_scope."""
     result = await api_key_authenticate_async(raw_key=ex.bearer())
     key = result.key
+    if key is not None:
+        ex.account_id, ex.key_prefix = key.account_id, key.prefix
     if key is None:
         reason = {"missing": "no API key was given (Authorization: Bearer ...)"}.get(
             result.reason or "", f"the API key is {result.reason or 'unknown'}"
@@ -119,7 +121,7 @@ class _Call:
 
 async def handle_completion(ex: Exchange, endpoint: str) -> None:
     params = parse_completion(await ex.body(), endpoint=endpoint)
-    ex.model = params.model
+    ex.model, ex.streamed = params.model, params.stream
     key = await authenticate(ex, endpoint)  # the scope names match the endpoints: chat, completions
     model = (await catalog.public_models()).get(params.model)
     if model is None:
@@ -338,6 +340,7 @@ async def _relay(call: _Call, first: bytes, events: Any, response: httpx.Respons
         await call.release(error.code)
         event = error_body(status=error.status, code=error.code, message=error.message)
         call.outcome_status = error.status
+        ex.error_code = error.code
         await ex.end_stream(b"data: " + orjson.dumps(event) + b"\n\n")
         return
     ex.interruptible = False
@@ -372,11 +375,13 @@ async def _charge_disconnected(call: _Call) -> None:
 
 
 def _log_worker_error(call: _Call, worker: WorkerView, error: WorkerError) -> None:
+    # The worker's own words may quote its URL; endpoints never reach the logs.
+    detail = error.detail.replace(worker.endpoint, "<endpoint>") if worker.endpoint else error.detail
     log.warning(
         "request %s: worker %s failed: %s (%s) %s",
         call.ex.request_id,
         worker.worker_id,
         error.code,
         error.message,
-        error.detail,
+        detail,
     )

@@ -165,3 +165,25 @@ def test_ledger_balances_after_mixed_outcomes(world):
     totals = ledger_totals(account=account)
     assert (totals.available, totals.reserved) == (account.available, 0)
     assert LedgerEntry.objects.filter(kind="release").count() == 1
+
+
+def test_each_request_logs_one_json_line_without_secrets(world, caplog):
+    import json
+    import logging
+
+    caplog.set_level(logging.INFO, logger="speedinfer.requests")
+    client(world).chat.completions.create(
+        model="acme/model-1", messages=[{"role": "user", "content": "log me"}], extra_headers={"X-Request-ID": "log-1"}
+    )
+    with pytest.raises(openai.NotFoundError):
+        client(world).chat.completions.create(model="nope/model", messages=[{"role": "user", "content": "x"}])
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "speedinfer.requests"]
+    assert len(lines) == 2
+    ok, missing = lines
+    assert ok["request_id"] == "log-1" and ok["status"] == 200 and ok["worker"] == "sim-1"
+    assert ok["account"] == world["account"].pk and ok["key"] == world["key"].prefix
+    assert ok["prompt_tokens"] > 0 and ok["completion_tokens"] > 0 and ok["error"] is None
+    assert missing["status"] == 404 and missing["error"] == "model_not_found"
+    # The test's own HTTP client logs its URLs; the product's loggers must not.
+    ours = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("speedinfer"))
+    assert world["secret"] not in ours and "127.0.0.1" not in ours
