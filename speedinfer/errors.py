@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
@@ -35,6 +36,8 @@ def drf_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     code = {401: "not_authenticated", 403: "permission_denied", 404: "not_found", 405: "method_not_allowed"}.get(
         status, "invalid_request"
     )
+    if isinstance(exc, AuthenticationFailed):
+        code = "invalid_api_key"
     data = response.data
     param = None
     if isinstance(data, dict) and "detail" in data:
