@@ -176,11 +176,13 @@ def seed(env: dict[str, str], upstream: str) -> str:
 SERVERS: dict[str, list[str]] = {
     "uvicorn": [
         PY, "-m", "uvicorn", "speedinfer.asgi:application", "--host", "127.0.0.1", "--port", "{port}",
-        "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning", "--workers", "{workers}",
+        "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning",
+        "--workers", "{workers}",
     ],
     "granian": [
         str(VENV_BIN / "granian"), "--interface", "asgi", "--host", "127.0.0.1", "--port", "{port}",
-        "--loop", "uvloop", "--log-level", "warning", "--workers", "{workers}", "--no-ws", "speedinfer.asgi:application",
+        "--loop", "uvloop", "--log-level", "warning", "--workers", "{workers}", "--no-ws",
+        "speedinfer.asgi:application",
     ],
     "daphne": [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", "{port}", "speedinfer.asgi:application"],
 }  # fmt: skip
@@ -219,7 +221,9 @@ class Target:
         return headers
 
 
-def latency_c1(direct: Target, gateway: Target, payload: dict[str, Any], *, rounds: int, per_round: int) -> dict[str, Any]:
+def latency_c1(
+    direct: Target, gateway: Target, payload: dict[str, Any], *, rounds: int, per_round: int
+) -> dict[str, Any]:
     """Concurrency 1 over one kept-alive connection per path, interleaved in rounds."""
     raw = json.dumps(payload).encode()
     samples: dict[str, list[float]] = {"direct": [], "gateway": []}
@@ -280,7 +284,9 @@ def wrk(target: Target, payload: dict[str, Any], *, seconds: int, connections: i
     }
 
 
-def throughput(direct: Target, gateway: Target, payload: dict[str, Any], *, seconds: int, rounds: int) -> dict[str, Any]:
+def throughput(
+    direct: Target, gateway: Target, payload: dict[str, Any], *, seconds: int, rounds: int
+) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {"direct": [], "gateway": []}
     wrk(gateway, payload, seconds=2)  # warm-up
     for r in range(rounds):
