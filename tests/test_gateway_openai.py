@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import openai
@@ -177,7 +178,14 @@ def test_each_request_logs_one_json_line_without_secrets(world, caplog):
     )
     with pytest.raises(openai.NotFoundError):
         client(world).chat.completions.create(model="nope/model", messages=[{"role": "user", "content": "x"}])
-    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "speedinfer.requests"]
+    def logged() -> list[dict]:
+        return [json.loads(r.getMessage()) for r in caplog.records if r.name == "speedinfer.requests"]
+
+    # The line is written once the response has gone out, so it can trail the client by a moment.
+    deadline = time.monotonic() + 5
+    while len(logged()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    lines = logged()
     assert len(lines) == 2
     ok, missing = lines
     assert ok["request_id"] == "log-1" and ok["status"] == 200 and ok["worker"] == "sim-1"
