@@ -101,13 +101,15 @@ class Proc:
 def start(name: str, cmd: list[str], env: dict[str, str], *, port: int, cpus: str | None = None) -> Proc:
     if cpus and shutil.which("taskset"):
         cmd = ["taskset", "-c", cpus, *cmd]
-    popen = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # noqa: S603
+    # Logs go to a file, as in production: a pipe nobody reads would fill and stall the server.
+    log_path = Path(env["SPEEDINFER_VAR_DIR"]) / f"{name}-{port}.log"
+    with log_path.open("wb") as log:
+        popen = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
     try:
         wait_port(port)
     except RuntimeError:
         popen.kill()
-        err = popen.stderr.read().decode(errors="replace")[-2000:] if popen.stderr else ""
-        raise RuntimeError(f"{name} did not start:\n{err}") from None
+        raise RuntimeError(f"{name} did not start:\n{log_path.read_text(errors='replace')[-2000:]}") from None
     return Proc(name, popen)
 
 

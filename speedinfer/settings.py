@@ -206,6 +206,11 @@ LOGGING = {
         # httpx logs every request's URL at INFO, and worker endpoints must stay out of the logs.
         "httpx": {"level": "WARNING"},
         # speedinfer.request_log: one JSON object per line, nothing around it.
-        "speedinfer.requests": {"handlers": ["json_lines"], "level": "INFO", "propagate": False},
+        # SPEEDINFER_REQUEST_LOG_LEVEL=WARNING turns the per-request lines off.
+        "speedinfer.requests": {
+            "handlers": ["json_lines"],
+            "level": env_str("SPEEDINFER_REQUEST_LOG_LEVEL", "INFO"),
+            "propagate": False,
+        },
     },
 }
