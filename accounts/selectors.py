@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -12,6 +11,7 @@ from accounts import key_cache
 from accounts.key_cache import KeyInfo
 from accounts.keys import digests_match, key_digest, split_lookup
 from accounts.models import Account, ApiKey
+from speedinfer.db import db_call
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,7 @@ async def api_key_authenticate_async(*, raw_key: str) -> AuthResult:
         cached = key_cache.get(key_digest(raw_key))
         if cached is not None:
             return _check(cached)
-    return await sync_to_async(api_key_authenticate)(raw_key=raw_key)
+    return await db_call(api_key_authenticate)(raw_key=raw_key)
 
 
 def account_resolve(*, ref: str) -> Account | None:

@@ -25,6 +25,7 @@ from accounts.models import Account
 from billing import ledger_sql
 from billing.models import LedgerEntry, PublicModel, Reservation, UsageRecord
 from billing.pricing import cost_of
+from speedinfer.db import db_call
 
 # Called with the UsageRecord after its transaction commits (live dashboard,
 # metrics). Registered by the apps that want it, so billing imports none of them.
@@ -119,18 +120,12 @@ def credits_grant(*, account: Account, amount: int, actor: str, note: str = "") 
         )
 
 
-def credits_reserve(
-    *,
-    account_id: int,
-    amount: int,
-    model: PublicModel,
-    api_key_id: int | None = None,
-    request_id: str = "",
+def _new_reservation(
+    *, account_id: int, amount: int, model: PublicModel, api_key_id: int | None, request_id: str
 ) -> Reservation:
-    """Hold `amount` micro-credits for one request, or raise InsufficientCredits."""
     if amount <= 0:
         raise InvalidAmount("a reservation must be positive")
-    reservation = Reservation(
+    return Reservation(
         id=uuid4(),
         account_id=account_id,
         api_key_id=api_key_id,
@@ -141,22 +136,43 @@ def credits_reserve(
         request_id=request_id,
         created_at=timezone.now(),
     )
+
+
+def _reserve_statement(reservation: Reservation) -> ledger_sql.Statement:
+    return ledger_sql.reserve(
+        reservation_id=reservation.id,
+        account_id=reservation.account_id,
+        api_key_id=reservation.api_key_id,
+        model_id=reservation.model_id,
+        amount=reservation.amount,
+        input_price=reservation.input_price,
+        output_price=reservation.output_price,
+        request_id=reservation.request_id,
+        now=reservation.created_at,
+    )
+
+
+def _held(reservation: Reservation, held: object) -> Reservation:
+    if held is not True:
+        raise InsufficientCredits("insufficient credits for this request")
+    reservation._state.adding = False
+    return reservation
+
+
+def credits_reserve(
+    *,
+    account_id: int,
+    amount: int,
+    model: PublicModel,
+    api_key_id: int | None = None,
+    request_id: str = "",
+) -> Reservation:
+    """Hold `amount` micro-credits for one request, or raise InsufficientCredits."""
+    reservation = _new_reservation(
+        account_id=account_id, amount=amount, model=model, api_key_id=api_key_id, request_id=request_id
+    )
     if connection.vendor == "postgresql":
-        held = ledger_sql.reserve(
-            reservation_id=reservation.id,
-            account_id=account_id,
-            api_key_id=api_key_id,
-            model_id=model.model_id,
-            amount=amount,
-            input_price=model.input_price,
-            output_price=model.output_price,
-            request_id=request_id,
-            now=reservation.created_at,
-        )
-        if not held:
-            raise InsufficientCredits("insufficient credits for this request")
-        reservation._state.adding = False
-        return reservation
+        return _held(reservation, ledger_sql.execute(_reserve_statement(reservation)))
     with transaction.atomic(durable=True):
         held_rows = Account.objects.filter(pk=account_id, available__gte=amount).update(
             available=F("available") - amount, reserved=F("reserved") + amount
@@ -174,6 +190,25 @@ def credits_reserve(
             actor="gateway",
         )
     return reservation
+
+
+async def credits_reserve_async(
+    *,
+    account_id: int,
+    amount: int,
+    model: PublicModel,
+    api_key_id: int | None = None,
+    request_id: str = "",
+) -> Reservation:
+    """credits_reserve for the event loop: on PostgreSQL one pooled statement, no thread hop."""
+    if connection.vendor != "postgresql":
+        return await db_call(credits_reserve)(
+            account_id=account_id, amount=amount, model=model, api_key_id=api_key_id, request_id=request_id
+        )
+    reservation = _new_reservation(
+        account_id=account_id, amount=amount, model=model, api_key_id=api_key_id, request_id=request_id
+    )
+    return _held(reservation, await ledger_sql.execute_async(_reserve_statement(reservation)))
 
 
 def _claim(reservation_id: UUID | str, status: str) -> Reservation | None:
@@ -203,19 +238,8 @@ def reservation_settle(
     if prompt_tokens < 0 or completion_tokens < 0:
         raise InvalidAmount("token counts must not be negative")
     if connection.vendor == "postgresql":
-        found = ledger_sql.close(
-            reservation_id=reservation_id,
-            status=Reservation.Status.SETTLED,
-            kind=LedgerEntry.Kind.SETTLE,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            now=timezone.now(),
-            usage=_usage_params(outcome, status=status, error_code=""),
-        )
-        if not isinstance(found, UsageRecord):
-            return None
-        _notify_on_commit(found)
-        return found
+        statement = _settle_statement(reservation_id, prompt_tokens, completion_tokens, outcome, status)
+        return _notified(ledger_sql.execute(statement), on_commit=True)
     with transaction.atomic(durable=True):
         reservation = _claim(reservation_id, Reservation.Status.SETTLED)
         if reservation is None:
@@ -285,22 +309,7 @@ def reservation_release(
     visible to the customer and to staff.
     """
     if connection.vendor == "postgresql":
-        found = ledger_sql.close(
-            reservation_id=reservation_id,
-            status=Reservation.Status.RELEASED,
-            kind=LedgerEntry.Kind.RELEASE,
-            prompt_tokens=0,
-            completion_tokens=0,
-            now=timezone.now(),
-            note=error_code,
-            usage=_usage_params(outcome or Outcome(), status=UsageRecord.Status.FAILED, error_code=error_code)
-            if error_code
-            else None,
-        )
-        if not isinstance(found, UsageRecord):
-            return None
-        _notify_on_commit(found)
-        return found
+        return _notified(ledger_sql.execute(_release_statement(reservation_id, error_code, outcome)), on_commit=True)
     with transaction.atomic(durable=True):
         reservation = _claim(reservation_id, Reservation.Status.RELEASED)
         if reservation is None:
@@ -326,6 +335,80 @@ def reservation_release(
         )
         _notify_on_commit(record)
     return record
+
+
+def _settle_statement(
+    reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, outcome: Outcome, status: str
+) -> ledger_sql.Statement:
+    if prompt_tokens < 0 or completion_tokens < 0:
+        raise InvalidAmount("token counts must not be negative")
+    return ledger_sql.close(
+        reservation_id=reservation_id,
+        status=Reservation.Status.SETTLED,
+        kind=LedgerEntry.Kind.SETTLE,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        now=timezone.now(),
+        usage=_usage_params(outcome, status=status, error_code=""),
+    )
+
+
+def _release_statement(reservation_id: UUID | str, error_code: str, outcome: Outcome | None) -> ledger_sql.Statement:
+    usage = None
+    if error_code:
+        usage = _usage_params(outcome or Outcome(), status=UsageRecord.Status.FAILED, error_code=error_code)
+    return ledger_sql.close(
+        reservation_id=reservation_id,
+        status=Reservation.Status.RELEASED,
+        kind=LedgerEntry.Kind.RELEASE,
+        prompt_tokens=0,
+        completion_tokens=0,
+        now=timezone.now(),
+        note=error_code,
+        usage=usage,
+    )
+
+
+def _notified(found: object, *, on_commit: bool) -> UsageRecord | None:
+    if not isinstance(found, UsageRecord):
+        return None
+    if on_commit:
+        _notify_on_commit(found)
+    else:  # the pooled statement has committed already
+        for listener in usage_listeners:
+            listener(found)
+    return found
+
+
+async def reservation_settle_async(
+    *,
+    reservation_id: UUID | str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    outcome: Outcome,
+    status: str = UsageRecord.Status.OK,
+) -> UsageRecord | None:
+    """reservation_settle for the event loop: on PostgreSQL one pooled statement, no thread hop."""
+    if connection.vendor != "postgresql":
+        return await db_call(reservation_settle)(
+            reservation_id=reservation_id,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            outcome=outcome,
+            status=status,
+        )
+    statement = _settle_statement(reservation_id, prompt_tokens, completion_tokens, outcome, status)
+    return _notified(await ledger_sql.execute_async(statement), on_commit=False)
+
+
+async def reservation_release_async(
+    *, reservation_id: UUID | str, error_code: str = "", outcome: Outcome | None = None
+) -> UsageRecord | None:
+    """reservation_release for the event loop: on PostgreSQL one pooled statement, no thread hop."""
+    if connection.vendor != "postgresql":
+        return await db_call(reservation_release)(reservation_id=reservation_id, error_code=error_code, outcome=outcome)
+    statement = _release_statement(reservation_id, error_code, outcome)
+    return _notified(await ledger_sql.execute_async(statement), on_commit=False)
 
 
 def reservations_expire(*, older_than: timedelta) -> int:

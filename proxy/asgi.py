@@ -12,14 +12,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asgiref.sync import sync_to_async
-
 from proxy import catalog
 from proxy.errors import GatewayError
 from proxy.exchange import Exchange, Receive, Scope, Send
 from proxy.gateway import authenticate, handle_completion
 from proxy.payloads import CHAT, COMPLETIONS
 from proxy.selectors import key_summary, usage_page
+from speedinfer.db import db_call
 from speedinfer.metrics import observe_request
 from speedinfer.request_log import log_request
 
@@ -28,8 +27,8 @@ log = logging.getLogger("speedinfer.gateway")
 Handler = Callable[[Exchange], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_key_summary = sync_to_async(key_summary)
-_usage_page = sync_to_async(usage_page)
+_key_summary = db_call(key_summary)
+_usage_page = db_call(usage_page)
 
 
 async def chat_completions(ex: Exchange) -> None:

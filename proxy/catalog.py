@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import time
 
-from asgiref.sync import sync_to_async
-
 from billing.models import PublicModel
+from speedinfer.db import db_call
 
 MODEL_CACHE_TTL = 5.0
 
@@ -28,7 +27,7 @@ async def public_models() -> dict[str, PublicModel]:
     """Enabled public models by id (treat as read-only: shared by every request)."""
     global _models, _loaded_at
     if time.monotonic() - _loaded_at > MODEL_CACHE_TTL:
-        _models = await sync_to_async(_load)()
+        _models = await db_call(_load)()
         _loaded_at = time.monotonic()
     return _models
 

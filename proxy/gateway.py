@@ -29,14 +29,12 @@ from typing import Any
 
 import httpx
 import orjson
-from asgiref.sync import sync_to_async
 
-from accounts import key_cache
 from accounts.key_cache import KeyInfo
 from accounts.selectors import api_key_authenticate_async
 from billing.models import PublicModel, UsageRecord
 from billing.pricing import cost_of, prompt_token_bound
-from billing.services import InsufficientCredits, Outcome, reservation_release, reservation_settle
+from billing.services import InsufficientCredits, Outcome, reservation_release_async, reservation_settle_async
 from proxy import catalog
 from proxy.errors import GatewayError
 from proxy.exchange import Exchange
@@ -52,9 +50,6 @@ from workers.routing import WorkerView
 log = logging.getLogger("speedinfer.gateway")
 
 _ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-_release = sync_to_async(reservation_release)
-_settle = sync_to_async(reservation_settle)
-_reserve = sync_to_async(request_reserve)
 
 
 async def authenticate(ex: Exchange, scope: str) -> KeyInfo:
@@ -104,7 +99,7 @@ class _Call:
 
     async def settle(self, usage: Usage, status: str = UsageRecord.Status.OK) -> None:
         self.closed = True
-        await _settle(
+        await reservation_settle_async(
             reservation_id=self.reservation_id,
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
@@ -116,7 +111,9 @@ class _Call:
         if self.closed or self.reservation_id is None:
             return
         self.closed = True
-        await _release(reservation_id=self.reservation_id, error_code=error_code, outcome=self.outcome())
+        await reservation_release_async(
+            reservation_id=self.reservation_id, error_code=error_code, outcome=self.outcome()
+        )
 
 
 async def handle_completion(ex: Exchange, endpoint: str) -> None:
@@ -186,12 +183,11 @@ async def _reserve_for(call: _Call) -> None:
         output_price=call.model.output_price,
     )
     try:
-        reservation = await _reserve(
+        reservation = await request_reserve(
             key=call.key,
             model=call.model,
             amount=max(1, amount),  # a free model still holds a token micro-credit, so it settles like any other
             request_id=call.ex.request_id,
-            touch=key_cache.touch_due(call.key.id),
         )
     except InsufficientCredits:
         raise GatewayError(

@@ -17,6 +17,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from accounts.ws_urls import websocket_urlpatterns  # noqa: E402
 from proxy.asgi import with_gateway  # noqa: E402
+from speedinfer.lifespan import lifespan_app  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
@@ -25,5 +26,6 @@ application = ProtocolTypeRouter(
         # The session cookie authenticates the dashboard's live feed; the origin
         # check stops another site's page from opening it with that cookie.
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "lifespan": lifespan_app,
     }
 )

@@ -13,7 +13,7 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from speedinfer.env import env_bool, env_float, env_int, env_list, env_str, env_url
+from speedinfer.env import env_bool, env_choice, env_float, env_int, env_list, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("SPEEDINFER_VAR_DIR", str(BASE_DIR / "var")))
@@ -183,6 +183,8 @@ SPEEDINFER_DEFAULT_MAX_OUTPUT_TOKENS = env_int("SPEEDINFER_DEFAULT_MAX_OUTPUT_TO
 SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT", 5.0, minimum=0.1)
 SPEEDINFER_UPSTREAM_READ_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_READ_TIMEOUT", 120.0, minimum=0.1)
 SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT", 600.0, minimum=0.1)
+SPEEDINFER_DB_POOL_SIZE = env_int("SPEEDINFER_DB_POOL_SIZE", 8, minimum=1)
+SPEEDINFER_UPSTREAM_CLIENT = env_choice("SPEEDINFER_UPSTREAM_CLIENT", "aiohttp", choices=("aiohttp", "httpx"))
 
 CELERY_BEAT_SCHEDULE = {
     "probe-workers": {"task": "workers.tasks.probe_all_workers", "schedule": SPEEDINFER_PROBE_INTERVAL},

@@ -28,7 +28,7 @@ class GatewayServer:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(application, log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn.Config(application, log_level="warning", access_log=False, lifespan="on")
         self.server = uvicorn.Server(config)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=self._run, name="gateway", daemon=True)

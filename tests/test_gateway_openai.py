@@ -178,6 +178,7 @@ def test_each_request_logs_one_json_line_without_secrets(world, caplog):
     )
     with pytest.raises(openai.NotFoundError):
         client(world).chat.completions.create(model="nope/model", messages=[{"role": "user", "content": "x"}])
+
     def logged() -> list[dict]:
         return [json.loads(r.getMessage()) for r in caplog.records if r.name == "speedinfer.requests"]
 
@@ -195,3 +196,36 @@ def test_each_request_logs_one_json_line_without_secrets(world, caplog):
     # The test's own HTTP client logs its URLs; the product's loggers must not.
     ours = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("speedinfer"))
     assert world["secret"] not in ours and "127.0.0.1" not in ours
+
+
+def test_the_gateway_survives_its_database_connections_being_cut(world):
+    """A PostgreSQL restart (here: every other session terminated) must not leave broken connections
+    that fail later requests: pooled ones are replaced, Django's are checked before use."""
+    from django.db import connection
+
+    from accounts import key_cache
+    from proxy import catalog
+
+    def ask() -> int:
+        reply = client(world).chat.completions.create(
+            model="acme/model-1", messages=[{"role": "user", "content": "still there?"}]
+        )
+        return reply.usage.completion_tokens if reply.usage else 0
+
+    assert ask() > 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert cursor.fetchone()[0] >= 1
+    key_cache.clear()  # so the next requests read the key (and models) through Django's connections again
+    catalog.forget()
+    failures = 0
+    for _ in range(4):
+        try:
+            ask()
+        except openai.InternalServerError:
+            failures += 1
+    assert failures == 0
+    assert Account.objects.get(pk=world["account"].pk).reserved == 0

@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db.models import Case, DateTimeField, F, Q, Value, When
 from django.utils import timezone
 
+from speedinfer.db import db_call
 from workers.models import Worker
 
 log = logging.getLogger("speedinfer.circuit")
@@ -131,17 +131,17 @@ async def record_success(worker_id: str) -> None:
 
     if routing.circuit_is_clean(worker_id):
         return
-    await sync_to_async(record_success_sync)(worker_id)
+    await db_call(record_success_sync)(worker_id)
 
 
 async def record_failure(worker_id: str, *, reason: str) -> None:
     """Called by the gateway after an upstream connection error, timeout or 5xx."""
-    await sync_to_async(record_failure_sync)(worker_id, reason=reason)
+    await db_call(record_failure_sync)(worker_id, reason=reason)
 
 
 async def claim_trial(worker_id: str) -> bool:
-    return await sync_to_async(claim_trial_sync)(worker_id)
+    return await db_call(claim_trial_sync)(worker_id)
 
 
 async def reset(worker_id: str) -> None:
-    await sync_to_async(reset_sync)(worker_id)
+    await db_call(reset_sync)(worker_id)

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.utils import timezone
+
+from speedinfer.db import db_call
 
 if TYPE_CHECKING:
     from workers.models import Worker
@@ -128,7 +129,7 @@ async def _current() -> _Snapshot:
 
 
 async def _refresh_async() -> _Snapshot:
-    return _store(await sync_to_async(_load)())
+    return _store(await db_call(_load)())
 
 
 def _current_sync() -> _Snapshot:

@@ -1,0 +1,31 @@
+"""ASGI lifespan: close this process's pooled upstream clients and database pool on shutdown.
+
+Both are per event loop (workers.http, speedinfer.pgpool); closing them at
+shutdown ends keep-alive connections cleanly instead of leaving them to the
+garbage collector.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from speedinfer.pgpool import close_pool
+from workers.http import close_client
+
+log = logging.getLogger(__name__)
+
+
+async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            try:
+                await close_client()
+                await close_pool()
+            except Exception:
+                log.exception("closing upstream clients at shutdown failed")
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,91 @@
+"""An async psycopg connection pool per event loop, for the gateway's money statements.
+
+Django's ORM reaches the database from a thread (sync_to_async): two thread hops
+per request, each with its own wake-ups and GIL hand-offs, were a third of the
+gateway's CPU under load. The three statements of the money path
+(billing.ledger_sql) are plain SQL already, so on PostgreSQL they run here,
+on the event loop, over prepared statements. The pool connects to the same
+database Django uses (its settings, so tests get the test database).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import Any
+
+from django.conf import settings
+from django.db import connections
+from psycopg import AsyncConnection
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
+
+# Django-only keys of DATABASES[...]["OPTIONS"]; everything else is a libpq parameter.
+_DJANGO_OPTIONS = {
+    "pool",
+    "server_side_binding",
+    "isolation_level",
+    "assume_role",
+    "prepare_threshold",
+    "cursor_factory",
+}
+
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[AsyncConnectionPool]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def conninfo() -> str:
+    db = connections["default"].settings_dict
+    params: dict[str, Any] = {
+        "dbname": db["NAME"],
+        "user": db.get("USER") or None,
+        "password": db.get("PASSWORD") or None,
+        "host": db.get("HOST") or None,
+        "port": str(db["PORT"]) if db.get("PORT") else None,
+        "application_name": "speedinfer-gateway",
+    }
+    for key, value in (db.get("OPTIONS") or {}).items():
+        if key not in _DJANGO_OPTIONS and isinstance(value, str | int):
+            params[key] = value
+    return make_conninfo(**{k: v for k, v in params.items() if v is not None})
+
+
+async def _configure(conn: AsyncConnection[Any]) -> None:
+    # Timestamps come back in UTC, as Django's own connections set them.
+    await conn.execute("SET TIME ZONE 'UTC'")
+
+
+async def _open() -> AsyncConnectionPool:
+    pool = AsyncConnectionPool(
+        conninfo(),
+        min_size=1,
+        max_size=settings.SPEEDINFER_DB_POOL_SIZE,
+        # Prepared from the first use: the statements are few and run on every request.
+        kwargs={"autocommit": True, "prepare_threshold": 0},
+        configure=_configure,
+        # No per-checkout check: it is a round trip on every request. A connection that broke is
+        # discarded by the pool when it comes back with an error, and max_lifetime recycles the rest.
+        max_lifetime=600,
+        open=False,
+        name="speedinfer-gateway",
+    )
+    await pool.open(wait=True, timeout=settings.SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT)
+    return pool
+
+
+async def get_pool() -> AsyncConnectionPool:
+    """This event loop's pool, opened on first use (concurrent first callers share one)."""
+    loop = asyncio.get_running_loop()
+    future = _pools.get(loop)
+    if future is None or (future.done() and (future.exception() is not None or future.result().closed)):
+        future = loop.create_task(_open())
+        _pools[loop] = future
+    return await asyncio.shield(future)
+
+
+async def close_pool() -> None:
+    """Close this loop's pool (tests, shutdown)."""
+    future = _pools.pop(asyncio.get_running_loop(), None)
+    if future is not None and future.done() and future.exception() is None:
+        await future.result().close()
