@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from uuid import UUID, uuid4
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -449,7 +450,7 @@ def model_register(
         model = PublicModel.objects.select_for_update().filter(model_id=model_id).first()
         created = model is None
         if model is None:
-            model = PublicModel(model_id=model_id)
+            model = PublicModel(model_id=model_id, max_output_tokens=settings.SPEEDINFER_DEFAULT_MAX_OUTPUT_TOKENS)
         model.input_price = input_price
         model.output_price = output_price
         if max_output_tokens is not None:

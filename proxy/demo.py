@@ -2,7 +2,10 @@
 
 `make run` starts the bundled worker simulator (workers/simulator.py) on
 SPEEDINFER_SIMULATOR_PORT (8100) and registers it as a CUDA worker speaking the
-OpenAI-compatible transport, serving the demo model.
+OpenAI-compatible transport, serving the demo model. Where the real Triton
+server is installed (`make triton`), it also starts one on
+SPEEDINFER_DEMO_TRITON_PORT (8101) over tests/triton_models and registers it,
+with spec 002's registration, as a direct Triton worker for DEMO_TRITON_MODEL.
 """
 
 from __future__ import annotations
@@ -11,10 +14,16 @@ import os
 
 DEMO_MODEL = "acme/model-1"
 DEMO_WORKER_ID = "demo-cuda-simulator"
+DEMO_TRITON_MODEL = "acme/triton-demo"
+DEMO_TRITON_WORKER_ID = "demo-triton"
 
 
 def simulator_port() -> int:
     return int(os.environ.get("SPEEDINFER_SIMULATOR_PORT", "8100"))
+
+
+def triton_port() -> int:
+    return int(os.environ.get("SPEEDINFER_DEMO_TRITON_PORT", "8101"))
 
 
 def seed_workers() -> None:
@@ -31,5 +40,31 @@ def seed_workers() -> None:
             "runtime_config": {"transport": "openai"},
             "runtime_metadata": {"cuda_version": "simulated"},
             "gpu_metadata": {"product": "SpeedInfer worker simulator"},
+        }
+    )
+    from workers.tritonserver import triton_installed
+
+    if not triton_installed():
+        return
+    from billing.models import MICRO
+    from billing.services import model_register
+
+    model_register(model_id=DEMO_TRITON_MODEL, input_price=MICRO // 2, output_price=MICRO, max_output_tokens=256)
+    worker_register(
+        data={
+            "worker_id": DEMO_TRITON_WORKER_ID,
+            "worker_type": "nvidia-gpu",
+            "runtime": "triton",
+            "runtime_endpoint": f"http://127.0.0.1:{triton_port()}",
+            "supported_models": [DEMO_TRITON_MODEL],
+            "runtime_config": {
+                "model_name": "text_generation",
+                "input_name": "text_input",
+                "max_tokens_input_name": "max_tokens",
+                "output_name": "text_output",
+                "prompt_tokens_output_name": "prompt_tokens",
+                "completion_tokens_output_name": "completion_tokens",
+            },
+            "runtime_metadata": {"backend": "python (CPU)"},
         }
     )

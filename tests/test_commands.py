@@ -116,3 +116,9 @@ def test_bad_input_exits_1_with_one_line_and_no_traceback(subprocess_env):
         [sys.executable, "manage.py", "createapikey"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "required" in proc.stderr
+
+
+def test_registermodel_defaults_the_output_cap_from_the_setting(settings):
+    settings.SPEEDINFER_DEFAULT_MAX_OUTPUT_TOKENS = 777
+    run("registermodel", "acme/capped", "--input-price", "1", "--output-price", "1")
+    assert PublicModel.objects.get(model_id="acme/capped").max_output_tokens == 777

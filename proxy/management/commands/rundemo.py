@@ -10,6 +10,7 @@ from argparse import ArgumentParser
 from typing import Any
 
 from speedinfer.commands import SpeedInferCommand
+from workers.tritonserver import TritonServer, triton_installed
 
 
 def _wait_for_port(port: int, timeout: float = 10.0) -> None:
@@ -27,13 +28,27 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 class Command(SpeedInferCommand):
     help = (
-        "Serve the whole embedded product on one machine: the gateway, the probe/sweep schedule and the "
-        "bundled worker simulator. Used by `make run`."
+        "Serve the whole embedded product on one machine: the gateway, the probe/sweep schedule, the "
+        "bundled worker simulator and, where `make triton` installed it, a real Triton worker. Used by `make run`."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--host", default="127.0.0.1")
+
+    def _start_triton(self) -> TritonServer | None:
+        """The demo's direct Triton worker, where `make triton` installed the real server."""
+        from proxy.demo import triton_port
+
+        if not triton_installed():
+            return None
+        try:
+            server = TritonServer(port=triton_port()).start(timeout=60)
+        except RuntimeError as exc:
+            self.stderr.write(f"Triton demo worker not started: {str(exc).splitlines()[0]}")
+            return None
+        self.stdout.write(f"Triton demo worker at {server.url} (model acme/triton-demo)")
+        return server
 
     def run(self, *args: Any, **options: Any) -> None:
         from proxy.demo import simulator_port
@@ -49,6 +64,7 @@ class Command(SpeedInferCommand):
             ),
         ]
         _wait_for_port(port)  # so the schedule's first probe finds it up
+        triton = self._start_triton()
         children.append(subprocess.Popen([python, "manage.py", "runschedule"]))  # noqa: S603
         try:
             server = subprocess.Popen(  # noqa: S603
@@ -70,6 +86,8 @@ class Command(SpeedInferCommand):
         except KeyboardInterrupt:
             pass
         finally:
+            if triton is not None:
+                triton.stop()
             for child in children:
                 if child.poll() is None:
                     child.send_signal(signal.SIGTERM)
