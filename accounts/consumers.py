@@ -7,6 +7,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from accounts import live
 from accounts.dashboard.selectors import account_for_user
 from accounts.live import usage_group
 
@@ -15,6 +16,7 @@ class UsageConsumer(AsyncJsonWebsocketConsumer):
     """Joins the signed-in customer's account group; receive-only for the client."""
 
     group: str | None = None
+    account_id: int | None = None
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -26,11 +28,16 @@ class UsageConsumer(AsyncJsonWebsocketConsumer):
             return
         self.group = usage_group(account.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
+        self.account_id = account.pk
+        await live.watch(account.pk)
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.account_id is not None:
+            await live.unwatch(self.account_id)
+            self.account_id = None
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """Clients have nothing to say; ignore whatever they send."""

@@ -21,6 +21,7 @@ Charging on client disconnect mid-stream (see README, "The API"):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -343,6 +344,12 @@ async def _relay(call: _Call, first: bytes, events: Any, response: httpx.Respons
     await circuit.record_success(worker.worker_id)
     await call.settle(call.usage)
     await ex.end_stream(b"data: [DONE]\n\n")
+    # Read the upstream body to its end (after [DONE] only the chunked terminator is left): a response
+    # closed before its end takes its connection down with it, and the next stream would open a new one.
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1):
+            async for _ in events:
+                pass
 
 
 def _has_content(choice: Any) -> bool:
