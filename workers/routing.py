@@ -115,6 +115,11 @@ def _store(snap: _Snapshot) -> _Snapshot:
     return snap
 
 
+# A snapshot up to this many TTLs old is served while a refresh runs beside the request, so the one
+# request a second that finds it stale does not wait for the query (it did: ~2 ms at c1 in make bench).
+_SERVE_STALE_TTLS = 5
+
+
 async def _current() -> _Snapshot:
     """The snapshot, refreshed when stale; concurrent callers share one refresh query."""
     snap = _snapshot
@@ -125,6 +130,9 @@ async def _current() -> _Snapshot:
     if task is None or task.done():
         task = asyncio.ensure_future(_refresh_async())
         _refreshing[loop] = task
+    ttl = settings.SPEEDINFER_ROUTING_CACHE_TTL
+    if ttl > 0 and time.monotonic() - snap.loaded_at < ttl * _SERVE_STALE_TTLS:
+        return snap
     return await asyncio.shield(task)
 
 
