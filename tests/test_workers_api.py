@@ -143,3 +143,32 @@ def test_admin_actions_disable_enable_reset_and_probe(admin_client_):
     page = act("probe_now").content.decode()
     assert "uda-01: unhealthy (upstream_error" in page  # http://cuda-worker:8000 does not resolve here
     assert Worker.objects.get().last_probe_at is not None
+
+
+def test_staff_changes_to_workers_are_audited_with_who_and_never_the_key(admin_client_, django_user_model):
+    from django.test import Client
+
+    from accounts.models import AuditLog
+
+    django_user_model.objects.create_user(username="ops", password=PASSWORD, is_staff=True)
+    staff = Client()
+    staff.login(username="ops", password=PASSWORD)
+
+    doc = json.loads(SPEC_CUDA) | {"upstream_api_key": "sk-never-in-the-audit"}
+    admin_client_.post("/admin/workers/worker/add/", {"registration": json.dumps(doc)})
+    worker = Worker.objects.get()
+    admin_client_.post("/admin/workers/worker/", {"action": "disable", "_selected_action": [worker.pk]})
+    admin_client_.post("/admin/workers/worker/", {"action": "reset_circuit", "_selected_action": [worker.pk]})
+    assert post(staff, SPEC_CUDA).status_code == 200
+    assert staff.delete("/api/workers/cuda-01/").status_code == 204
+    rows = list(AuditLog.objects.order_by("id").values_list("actor", "action", "target_repr"))
+    actions = [(actor, action) for actor, action, _ in rows]
+    assert actions == [
+        ("root", "worker.register"),
+        ("root", "worker.disable"),
+        ("root", "worker.circuit_reset"),
+        ("ops", "worker.update"),
+        ("ops", "worker.delete"),
+    ]
+    assert all(target == "cuda-01" for _, _, target in rows)
+    assert "sk-never-in-the-audit" not in json.dumps(list(AuditLog.objects.values_list("detail", flat=True)))

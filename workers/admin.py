@@ -70,10 +70,12 @@ class WorkerRegistrationForm(forms.ModelForm):
         self.cleaned_data["document"] = data
         return cleaned
 
+    actor: object = ""  # the staff user, set by WorkerAdmin.get_form
+
     def save(self, commit: bool = True) -> Worker:
         # Registration is the service's job whatever `commit` says: the admin's later obj.save() is a no-op
         # rewrite of the same row.
-        worker, _ = worker_register(data=self.cleaned_data["document"])
+        worker, _ = worker_register(data=self.cleaned_data["document"], actor=self.actor, via="admin")
         self.instance = worker
         self.save_m2m = lambda: None  # type: ignore[method-assign]
         return worker
@@ -111,6 +113,12 @@ class WorkerAdmin(admin.ModelAdmin):
     list_filter = ("runtime", "transport", "enabled", "healthy", "circuit_state")
     search_fields = ("worker_id",)
     actions = ("probe_now", "enable", "disable", "reset_circuit")
+
+    def get_form(self, request: HttpRequest, obj: Worker | None = None, change: bool = False, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        # A subclass per request, so the registration service can audit who made the change.
+        return type(form.__name__, (form,), {"actor": request.user})
+
     readonly_fields = (
         "runtime",
         "transport",
@@ -196,17 +204,17 @@ class WorkerAdmin(admin.ModelAdmin):
     @admin.action(description="Enable")
     def enable(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
         for worker in queryset:
-            worker_set_enabled(worker=worker, enabled=True)
+            worker_set_enabled(worker=worker, enabled=True, actor=request.user, via="admin")
         self.message_user(request, f"enabled {queryset.count()} worker(s)")
 
     @admin.action(description="Disable")
     def disable(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
         for worker in queryset:
-            worker_set_enabled(worker=worker, enabled=False)
+            worker_set_enabled(worker=worker, enabled=False, actor=request.user, via="admin")
         self.message_user(request, f"disabled {queryset.count()} worker(s)")
 
     @admin.action(description="Reset circuit")
     def reset_circuit(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
         for worker in queryset:
-            worker_circuit_reset(worker=worker)
+            worker_circuit_reset(worker=worker, actor=request.user, via="admin")
         self.message_user(request, f"reset the circuit of {queryset.count()} worker(s)")

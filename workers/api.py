@@ -22,9 +22,9 @@ def _drf_error(exc: ValidationError) -> serializers.ValidationError:
     return serializers.ValidationError({"__all__": exc.messages})
 
 
-def _register(data: Any) -> tuple[Worker, bool]:
+def _register(data: Any, actor: object) -> tuple[Worker, bool]:
     try:
-        return worker_register(data=data)
+        return worker_register(data=data, actor=actor, via="api")
     except ValidationError as exc:
         raise _drf_error(exc) from None
 
@@ -37,7 +37,7 @@ class WorkerListApi(APIView):
         return Response({"data": [worker_document(worker=w) for w in workers]})
 
     def post(self, request: Request) -> Response:
-        worker, created = _register(request.data)
+        worker, created = _register(request.data, request.user)
         return Response(
             worker_document(worker=worker), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
         )
@@ -62,9 +62,9 @@ class WorkerDetailApi(APIView):
             raise serializers.ValidationError({"__all__": ["a worker registration must be a JSON object"]})
         if data.get("worker_id", worker_id) != worker_id:
             raise serializers.ValidationError({"worker_id": ["does not match the URL"]})
-        worker, _ = _register({**data, "worker_id": worker_id})
+        worker, _ = _register({**data, "worker_id": worker_id}, request.user)
         return Response(worker_document(worker=worker))
 
     def delete(self, request: Request, worker_id: str) -> Response:
-        worker_delete(worker=self._get(worker_id))
+        worker_delete(worker=self._get(worker_id), actor=request.user, via="api")
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -21,14 +21,24 @@ from workers.probes import ProbeResult, probe_target, probe_targets
 from workers.registration import WorkerSpec, registration_validate
 
 
-def worker_register(*, data: Any) -> tuple[Worker, bool]:
+def _audit(actor: object, action: str, worker: Worker | str, **detail: Any) -> None:
+    """Staff changes to workers go to the audit log, in the change's own transaction.
+
+    `actor` empty means a change made by the system itself (the demo's seeding), not audited."""
+    if actor:
+        from accounts.services import audit_record
+
+        audit_record(actor=actor, action=action, target=worker, detail=detail)
+
+
+def worker_register(*, data: Any, actor: object = "", via: str = "") -> tuple[Worker, bool]:
     """Create or update a worker from its registration JSON; returns (worker, created). Idempotent."""
     spec = registration_validate(data)
-    return worker_register_spec(spec=spec)
+    return worker_register_spec(spec=spec, actor=actor, via=via)
 
 
 @transaction.atomic
-def worker_register_spec(*, spec: WorkerSpec) -> tuple[Worker, bool]:
+def worker_register_spec(*, spec: WorkerSpec, actor: object = "", via: str = "") -> tuple[Worker, bool]:
     worker = Worker.objects.select_for_update().filter(worker_id=spec.worker_id).first()
     created = worker is None
     if worker is None:
@@ -60,17 +70,33 @@ def worker_register_spec(*, spec: WorkerSpec) -> tuple[Worker, bool]:
     # registration_validate has already checked the URL.
     worker.full_clean(exclude=["runtime_endpoint"])
     worker.save()
+    # Never the endpoint's credential; the endpoint itself stays out too, like everywhere it is shown.
+    _audit(
+        actor,
+        "worker.register" if created else "worker.update",
+        worker,
+        via=via,
+        runtime=worker.runtime,
+        transport=worker.transport,
+        models=worker.supported_models,
+        upstream_api_key_changed=spec.upstream_api_key is not None,
+    )
     return worker, created
 
 
-def worker_set_enabled(*, worker: Worker, enabled: bool) -> Worker:
+@transaction.atomic
+def worker_set_enabled(*, worker: Worker, enabled: bool, actor: object = "", via: str = "") -> Worker:
     Worker.objects.filter(pk=worker.pk).update(enabled=enabled, updated_at=timezone.now())
     worker.refresh_from_db()
+    _audit(actor, "worker.enable" if enabled else "worker.disable", worker, via=via)
     return worker
 
 
-def worker_delete(*, worker: Worker) -> None:
+@transaction.atomic
+def worker_delete(*, worker: Worker, actor: object = "", via: str = "") -> None:
+    name = str(worker)
     worker.delete()
+    _audit(actor, "worker.delete", name, via=via)
 
 
 def probe_record(*, result: ProbeResult, at: datetime | None = None) -> None:
@@ -106,5 +132,6 @@ def workers_probe(*, workers: Iterable[Worker]) -> list[tuple[Worker, ProbeResul
     return list(zip(workers, results, strict=True))
 
 
-def worker_circuit_reset(*, worker: Worker) -> None:
+def worker_circuit_reset(*, worker: Worker, actor: object = "", via: str = "") -> None:
     circuit.reset_sync(worker.worker_id)
+    _audit(actor, "worker.circuit_reset", worker, via=via)

@@ -28,7 +28,7 @@ class Command(SpeedInferCommand):
             documents.extend((name, doc) for doc in self._read(name))
         for name, doc in documents:
             try:
-                worker, created = worker_register(data=doc)
+                worker, created = worker_register(data=doc, actor="manage.py registerworker", via="command")
             except ValidationError as exc:
                 label = doc.get("worker_id") if isinstance(doc, dict) else None
                 prefix = f"{name}" + (f" ({label})" if isinstance(label, str) else "")
