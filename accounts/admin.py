@@ -23,7 +23,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from accounts.models import SCOPES, Account, ApiKey, AuditLog, Membership
-from accounts.services import account_create, api_key_create, api_key_revoke, api_key_update, audit_record
+from accounts.services import account_create, api_key_create, api_key_revoke, api_key_update
 from billing.models import MICRO, PublicModel
 from billing.pricing import format_credits
 from billing.services import InsufficientCredits, InvalidAmount, credits_grant
@@ -58,16 +58,10 @@ def grant_to_accounts(request: HttpRequest, accounts: list[Account], *, amount: 
         try:
             # credits_grant commits its own durable transaction (it may not nest), and
             # its ledger row already names the actor and note; the audit row follows it.
-            entry = credits_grant(account=account, amount=amount, actor=request.user.get_username(), note=note)
+            credits_grant(account=account, amount=amount, actor=request.user, note=note, via="admin")
         except (InsufficientCredits, InvalidAmount) as exc:
             messages.error(request, f"{account.name}: {exc}")
             continue
-        audit_record(
-            actor=request.user,
-            action="credits.grant",
-            target=account,
-            detail={"amount": format_credits(amount), "note": note, "ledger_entry": entry.pk},
-        )
         granted += 1
     return granted
 
@@ -124,9 +118,7 @@ class AccountAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: Account, form: Any, change: bool) -> None:
         if change:
             return  # nothing on an existing account is editable here
-        with transaction.atomic():
-            created = account_create(name=obj.name)
-            audit_record(actor=request.user, action="account.create", target=created)
+        created = account_create(name=obj.name, actor=request.user, via="admin")
         obj.pk = created.pk
         obj.created_at = created.created_at
 
@@ -286,12 +278,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
                     rpm=data["rpm"],
                     tpm=data["tpm"],
                     expires_at=data["expires_at"],
-                )
-                audit_record(
                     actor=request.user,
-                    action="key.update",
-                    target=obj,
-                    detail={"changed": form.changed_data, "scopes": obj.scopes, "models": obj.allowed_models},
+                    via="admin",
                 )
                 return
             created = api_key_create(
@@ -302,12 +290,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
                 rpm=data["rpm"],
                 tpm=data["tpm"],
                 expires_at=data["expires_at"],
-            )
-            audit_record(
                 actor=request.user,
-                action="key.create",
-                target=created.api_key,
-                detail={"via": "admin", "scopes": created.api_key.scopes, "models": created.api_key.allowed_models},
+                via="admin",
             )
         obj.pk = created.api_key.pk
         obj.lookup_id = created.api_key.lookup_id
@@ -340,9 +324,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         revoked = 0
         for api_key in queryset.filter(revoked_at__isnull=True):
-            with transaction.atomic():
-                api_key_revoke(api_key=api_key)
-                audit_record(actor=request.user, action="key.revoke", target=api_key, detail={"via": "admin"})
+            api_key_revoke(api_key=api_key, actor=request.user, via="admin")
             revoked += 1
         messages.success(request, f"Revoked {revoked} key(s).")
 

@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.models import SCOPES, Account, ApiKey
-from accounts.services import account_create, account_user_create, api_key_create, api_key_revoke, audit_record
+from accounts.services import account_create, account_user_create, api_key_create, api_key_revoke
 from billing.pricing import AmountError, format_credits, parse_credits
 from billing.services import InsufficientCredits, InvalidAmount, credits_grant
 
@@ -89,12 +89,11 @@ class AccountListApi(APIView):
         data.is_valid(raise_exception=True)
         try:
             with transaction.atomic():
-                account = account_create(name=data.validated_data["name"])
+                account = account_create(name=data.validated_data["name"], actor=request.user, via="api")
                 if data.validated_data.get("owner"):
                     account_user_create(
                         account=account, email=data.validated_data["owner"], password=data.validated_data["password"]
                     )
-                audit_record(actor=request.user, action="account.create", target=account, detail={"via": "api"})
         except ValidationError as exc:
             raise drf_error(exc) from None
         return Response(account_document(account), status=status.HTTP_201_CREATED)
@@ -128,15 +127,9 @@ class CreditGrantApi(APIView):
         data.is_valid(raise_exception=True)
         amount, note = data.validated_data["amount"], data.validated_data["note"].strip()
         try:
-            entry = credits_grant(account=account, amount=amount, actor=str(request.user)[:150], note=note)
+            entry = credits_grant(account=account, amount=amount, actor=request.user, note=note, via="api")
         except (InsufficientCredits, InvalidAmount) as exc:
             raise serializers.ValidationError({"amount": [str(exc)]}) from None
-        audit_record(
-            actor=request.user,
-            action="credits.grant",
-            target=account,
-            detail={"amount": format_credits(amount), "note": note, "ledger_entry": entry.pk, "via": "api"},
-        )
         account.refresh_from_db()
         return Response(
             {"account": account_document(account), "ledger_entry": entry.pk, "amount": format_credits(amount)},
@@ -167,22 +160,17 @@ class AccountKeysApi(APIView):
         data.is_valid(raise_exception=True)
         v = data.validated_data
         try:
-            with transaction.atomic():
-                created = api_key_create(
-                    account=account,
-                    name=v["name"],
-                    scopes=v.get("scopes"),
-                    allowed_models=v["models"],
-                    rpm=v["rpm"],
-                    tpm=v["tpm"],
-                    expires_at=v["expires_at"],
-                )
-                audit_record(
-                    actor=request.user,
-                    action="key.create",
-                    target=created.api_key,
-                    detail={"via": "api", "scopes": created.api_key.scopes, "models": created.api_key.allowed_models},
-                )
+            created = api_key_create(
+                account=account,
+                name=v["name"],
+                scopes=v.get("scopes"),
+                allowed_models=v["models"],
+                rpm=v["rpm"],
+                tpm=v["tpm"],
+                expires_at=v["expires_at"],
+                actor=request.user,
+                via="api",
+            )
         except ValidationError as exc:
             raise drf_error(exc) from None
         body = {**key_document(created.api_key), "secret": created.secret}
@@ -215,8 +203,5 @@ class KeyRevokeApi(APIView):
 
     def post(self, request: Request, key_id: int) -> Response:
         api_key = get_object_or_404(ApiKey, pk=key_id)
-        if api_key.revoked_at is None:
-            with transaction.atomic():
-                api_key_revoke(api_key=api_key)
-                audit_record(actor=request.user, action="key.revoke", target=api_key, detail={"via": "api"})
+        api_key_revoke(api_key=api_key, actor=request.user, via="api")
         return Response(key_document(api_key))

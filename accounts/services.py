@@ -27,7 +27,9 @@ class CreatedKey:
     secret: str  # shown once, never stored
 
 
-def account_create(*, name: str) -> Account:
+@transaction.atomic
+def account_create(*, name: str, actor: object = "", via: str = "") -> Account:
+    """A customer account. With an `actor` (staff, a command), the change is audited in its transaction."""
     name = name.strip()
     if not name:
         raise ValidationError({"name": "must not be empty"})
@@ -36,6 +38,7 @@ def account_create(*, name: str) -> Account:
     account = Account(name=name)
     account.full_clean()
     account.save()
+    _audit(actor, "account.create", account, via=via)
     return account
 
 
@@ -77,6 +80,8 @@ def api_key_create(
     rpm: int | None = None,
     tpm: int | None = None,
     expires_at: datetime | None = None,
+    actor: object = "",
+    via: str = "",
 ) -> CreatedKey:
     from billing.models import PublicModel
 
@@ -105,15 +110,19 @@ def api_key_create(
         expires_at=expires_at,
     )
     api_key.full_clean()
-    api_key.save()
+    with transaction.atomic():
+        api_key.save()
+        _audit(actor, "key.create", api_key, via=via, scopes=api_key.scopes, models=api_key.allowed_models)
     return CreatedKey(api_key=api_key, secret=secret)
 
 
-def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
-    """Revoke a key. Other processes notice within SPEEDINFER_KEY_CACHE_TTL seconds."""
-    if api_key.revoked_at is None:
-        ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
-        api_key.refresh_from_db(fields=["revoked_at"])
+def api_key_revoke(*, api_key: ApiKey, actor: object = "", via: str = "") -> ApiKey:
+    """Revoke a key. Other processes notice within SPEEDINFER_KEY_CACHE_TTL seconds. Idempotent."""
+    with transaction.atomic():
+        revoked = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        if revoked:
+            _audit(actor, "key.revoke", api_key, via=via)
+    api_key.refresh_from_db(fields=["revoked_at"])
     key_cache.forget(api_key.digest)
     return api_key
 
@@ -124,7 +133,7 @@ def api_key_touch(*, key_id: int) -> None:
     ApiKey.objects.filter(pk=key_id).exclude(last_used_at__gte=now - LAST_USED_RESOLUTION).update(last_used_at=now)
 
 
-def _actor_name(actor: object) -> str:
+def actor_name(actor: object) -> str:
     if actor is None:
         return ""
     if isinstance(actor, str):
@@ -146,13 +155,19 @@ def audit_record(*, actor: object, action: str, target: object, detail: dict[str
     else:
         target_type, target_id = "", ""
     return AuditLog.objects.create(
-        actor=_actor_name(actor),
+        actor=actor_name(actor),
         action=action,
         target_type=target_type,
         target_id=target_id,
         target_repr=str(target)[:300],
         detail=detail or {},
     )
+
+
+def _audit(actor: object, action: str, target: object, **detail: Any) -> None:
+    """The services' own audit rows: written when a person or command (`actor`) made the change."""
+    if actor:
+        audit_record(actor=actor, action=action, target=target, detail={k: v for k, v in detail.items() if v != ""})
 
 
 def api_key_update(
@@ -164,6 +179,8 @@ def api_key_update(
     rpm: int | None,
     tpm: int | None,
     expires_at: datetime | None,
+    actor: object = "",
+    via: str = "",
 ) -> ApiKey:
     """Change a key's settings; other processes see it within SPEEDINFER_KEY_CACHE_TTL seconds."""
     from billing.models import PublicModel
@@ -177,6 +194,8 @@ def api_key_update(
     for field, value in (("rpm", rpm), ("tpm", tpm)):
         if value is not None and value < 1:
             raise ValidationError({field: "must be a positive integer"})
+    fields = ("name", "scopes", "allowed_models", "rpm", "tpm", "expires_at")
+    before = {f: getattr(api_key, f) for f in fields}
     api_key.name = name.strip() or api_key.name
     api_key.scopes = clean_scopes
     api_key.allowed_models = wanted
@@ -184,6 +203,9 @@ def api_key_update(
     api_key.tpm = tpm
     api_key.expires_at = expires_at
     api_key.full_clean()
-    api_key.save(update_fields=["name", "scopes", "allowed_models", "rpm", "tpm", "expires_at"])
+    with transaction.atomic():
+        api_key.save(update_fields=list(fields))
+        changed = [f for f in fields if getattr(api_key, f) != before[f]]
+        _audit(actor, "key.update", api_key, via=via, changed=changed, scopes=clean_scopes, models=wanted)
     key_cache.forget(api_key.digest)
     return api_key

@@ -15,12 +15,10 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
-from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import URLPattern, path, reverse
 
-from accounts.services import audit_record
 from billing.models import MICRO, LedgerEntry, PublicModel, Reservation, UsageRecord
 from billing.pricing import format_credits
 from billing.services import model_register
@@ -81,37 +79,14 @@ class PublicModelAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: PublicModel, form: Any, change: bool) -> None:
         data = form.cleaned_data
-        before = (obj.input_price, obj.output_price) if change else None
-        if change:
-            obj.refresh_from_db(fields=["input_price", "output_price"])
-            before = (obj.input_price, obj.output_price)
-        input_price = int(data["input_price_credits"] * MICRO)
-        output_price = int(data["output_price_credits"] * MICRO)
-        with transaction.atomic():
-            model, created = model_register(
-                model_id=data["model_id"] if not change else obj.model_id,
-                input_price=input_price,
-                output_price=output_price,
-                max_output_tokens=data["max_output_tokens"],
-            )
-            audit_record(
-                actor=request.user,
-                action="model.create" if created else "model.update",
-                target=model,
-                detail={
-                    "input_price": format_credits(input_price),
-                    "output_price": format_credits(output_price),
-                    "max_output_tokens": model.max_output_tokens,
-                    **(
-                        {
-                            "previous_input_price": format_credits(before[0]),
-                            "previous_output_price": format_credits(before[1]),
-                        }
-                        if before
-                        else {}
-                    ),
-                },
-            )
+        model, _ = model_register(
+            model_id=data["model_id"] if not change else obj.model_id,
+            input_price=int(data["input_price_credits"] * MICRO),
+            output_price=int(data["output_price_credits"] * MICRO),
+            max_output_tokens=data["max_output_tokens"],
+            actor=request.user,
+            via="admin",
+        )
         obj.pk = model.pk
 
     def _changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
@@ -13,7 +12,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.api import drf_error
-from accounts.services import audit_record
 from billing.models import PublicModel
 from billing.pricing import AmountError, format_credits, parse_credits
 from billing.services import model_register
@@ -61,27 +59,15 @@ class ModelUpdateIn(serializers.Serializer):
 def _register(
     request: Request, *, model_id: str, input_price: int, output_price: int, max_output_tokens: int | None
 ) -> tuple[PublicModel, bool]:
-    previous = PublicModel.objects.filter(model_id=model_id.strip()).values("input_price", "output_price").first()
     try:
-        with transaction.atomic():
-            model, created = model_register(
-                model_id=model_id,
-                input_price=input_price,
-                output_price=output_price,
-                max_output_tokens=max_output_tokens,
-            )
-            detail: dict[str, Any] = {
-                "via": "api",
-                "input_price": format_credits(input_price),
-                "output_price": format_credits(output_price),
-                "max_output_tokens": model.max_output_tokens,
-            }
-            if previous:
-                detail["previous_input_price"] = format_credits(previous["input_price"])
-                detail["previous_output_price"] = format_credits(previous["output_price"])
-            audit_record(
-                actor=request.user, action="model.create" if created else "model.update", target=model, detail=detail
-            )
+        model, created = model_register(
+            model_id=model_id,
+            input_price=input_price,
+            output_price=output_price,
+            max_output_tokens=max_output_tokens,
+            actor=request.user,
+            via="api",
+        )
     except ValidationError as exc:
         raise drf_error(exc) from None
     return model, created

@@ -25,7 +25,7 @@ from django.utils import timezone
 from accounts.models import Account
 from billing import ledger_sql
 from billing.models import LedgerEntry, PublicModel, Reservation, UsageRecord
-from billing.pricing import cost_of
+from billing.pricing import cost_of, format_credits
 from speedinfer.db import db_call
 
 # Called with the UsageRecord after its transaction commits (live dashboard,
@@ -100,8 +100,13 @@ def _notify_on_commit(record: UsageRecord) -> None:
     transaction.on_commit(fire)
 
 
-def credits_grant(*, account: Account, amount: int, actor: str, note: str = "") -> LedgerEntry:
-    """Add (or, negative, remove) available credits. A removal never takes available below zero."""
+def credits_grant(*, account: Account, amount: int, actor: object, note: str = "", via: str = "") -> LedgerEntry:
+    """Add (or, negative, remove) available credits. A removal never takes available below zero.
+
+    `actor` (a staff user, a command's name) is written on the ledger row and, with the amount and
+    note, on an audit row in the same transaction."""
+    from accounts.services import actor_name, audit_record
+
     if amount == 0:
         raise InvalidAmount("amount must not be zero")
     with transaction.atomic(durable=True):
@@ -110,15 +115,18 @@ def credits_grant(*, account: Account, amount: int, actor: str, note: str = "") 
             rows = rows.filter(available__gte=-amount)
         if rows.update(available=F("available") + amount) != 1:
             raise InsufficientCredits(f"account {account.name!r} has less than {-amount} micro-credits available")
-        return _ledger(
+        entry = _ledger(
             account_id=account.pk,
             kind=LedgerEntry.Kind.GRANT,
             amount=amount,
             available_delta=amount,
             reserved_delta=0,
-            actor=actor,
+            actor=actor_name(actor),
             note=note,
         )
+        detail = {"amount": format_credits(amount), "note": note, "ledger_entry": entry.pk}
+        audit_record(actor=actor, action="credits.grant", target=account, detail=detail | ({"via": via} if via else {}))
+    return entry
 
 
 def _new_reservation(
@@ -436,10 +444,20 @@ def reservations_expire(*, older_than: timedelta) -> int:
 
 
 def model_register(
-    *, model_id: str, input_price: int, output_price: int, max_output_tokens: int | None = None
+    *,
+    model_id: str,
+    input_price: int,
+    output_price: int,
+    max_output_tokens: int | None = None,
+    actor: object = "",
+    via: str = "",
 ) -> tuple[PublicModel, bool]:
-    """Create or update a public model. Prices in micro-credits per 1,000,000 tokens."""
+    """Create or update a public model. Prices in micro-credits per 1,000,000 tokens.
+
+    With an `actor`, the change (and the previous prices) is audited in its transaction."""
     from django.core.exceptions import ValidationError
+
+    from accounts.services import audit_record
 
     model_id = model_id.strip()
     if not model_id:
@@ -451,10 +469,24 @@ def model_register(
         created = model is None
         if model is None:
             model = PublicModel(model_id=model_id, max_output_tokens=settings.SPEEDINFER_DEFAULT_MAX_OUTPUT_TOKENS)
+        previous = (model.input_price, model.output_price)
         model.input_price = input_price
         model.output_price = output_price
         if max_output_tokens is not None:
             model.max_output_tokens = max_output_tokens
         model.full_clean()
         model.save()
+        if actor:
+            detail: dict[str, object] = {
+                "input_price": format_credits(input_price),
+                "output_price": format_credits(output_price),
+                "max_output_tokens": model.max_output_tokens,
+            }
+            if not created:
+                detail["previous_input_price"] = format_credits(previous[0])
+                detail["previous_output_price"] = format_credits(previous[1])
+            if via:
+                detail["via"] = via
+            action = "model.create" if created else "model.update"
+            audit_record(actor=actor, action=action, target=model, detail=detail)
     return model, created

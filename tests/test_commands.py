@@ -122,3 +122,24 @@ def test_registermodel_defaults_the_output_cap_from_the_setting(settings):
     settings.SPEEDINFER_DEFAULT_MAX_OUTPUT_TOKENS = 777
     run("registermodel", "acme/capped", "--input-price", "1", "--output-price", "1")
     assert PublicModel.objects.get(model_id="acme/capped").max_output_tokens == 777
+
+
+def test_operator_commands_are_audited(monkeypatch):
+    from accounts.models import AuditLog
+
+    monkeypatch.setenv("SPEEDINFER_PASSWORD", "s3cret-pass-word")
+    run("registermodel", "acme/model-1", "--input-price", "1", "--output-price", "2")
+    run("createaccount", "acme", "--owner", "ops@acme.test")
+    run("grantcredits", "acme", "3", "--note", "welcome")
+    run("createapikey", "acme", "--name", "ci")
+    run("revokeapikey", "ci")
+    rows = list(AuditLog.objects.order_by("id").values_list("actor", "action"))
+    assert rows == [
+        ("manage.py registermodel", "model.create"),
+        ("manage.py createaccount", "account.create"),
+        ("manage.py grantcredits", "credits.grant"),
+        ("manage.py createapikey", "key.create"),
+        ("manage.py revokeapikey", "key.revoke"),
+    ]
+    grant = AuditLog.objects.get(action="credits.grant")
+    assert grant.detail["amount"] == "3.000000" and grant.detail["note"] == "welcome"

@@ -24,7 +24,7 @@ from accounts.dashboard.selectors import (
     usage_records_iter,
 )
 from accounts.models import Account, ApiKey
-from accounts.services import api_key_create, api_key_revoke, audit_record
+from accounts.services import api_key_create, api_key_revoke
 from billing.pricing import format_credits
 
 RECENT_ROWS = 50
@@ -165,17 +165,13 @@ def keys(request: HttpRequest) -> HttpResponse:
                 scopes=form.cleaned_data["scopes"],
                 allowed_models=form.cleaned_data["allowed_models"],
                 expires_at=form.cleaned_data["expires"],
+                actor=request.user,
+                via="dashboard",
             )
         except ValidationError as exc:
             for message in exc.messages:
                 form.add_error(None, message)
         else:
-            audit_record(
-                actor=request.user,
-                action="key.create",
-                target=created.api_key,
-                detail={"via": "dashboard", "scopes": created.api_key.scopes},
-            )
             # The secret is in this one response only: no redirect, never stored.
             response = render(request, "dashboard/key_created.html", {"account": account, "created": created})
             response["Cache-Control"] = "no-store"
@@ -193,7 +189,6 @@ def key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
         return account
     api_key = get_object_or_404(ApiKey, pk=key_id, account=account)
     if api_key.revoked_at is None:
-        api_key_revoke(api_key=api_key)
-        audit_record(actor=request.user, action="key.revoke", target=api_key, detail={"via": "dashboard"})
+        api_key_revoke(api_key=api_key, actor=request.user, via="dashboard")
         messages.success(request, f"Revoked {api_key.name} ({api_key.prefix}).")
     return HttpResponseRedirect(reverse("dashboard:keys"))

@@ -33,7 +33,7 @@ class Command(SpeedInferCommand):
                     raise CommandError("password: set SPEEDINFER_PASSWORD (no terminal to prompt on)")
                 password = getpass.getpass(f"Password for {options['owner']}: ")
         with transaction.atomic():
-            account = account_create(name=options["name"])
+            account = account_create(name=options["name"], actor="manage.py createaccount", via="command")
             if options["owner"]:
                 account_user_create(account=account, email=options["owner"], password=password)
         self.stdout.write(f"Created account {account.name!r}")

@@ -53,6 +53,8 @@ class Command(SpeedInferCommand):
             rpm=options["rpm"],
             tpm=options["tpm"],
             expires_at=expires_at,
+            actor="manage.py createapikey",
+            via="command",
         )
         key = created.api_key
         self.stdout.write(

@@ -20,5 +20,5 @@ class Command(SpeedInferCommand):
         api_key = api_key_resolve(ref=options["key"])
         if api_key is None:
             raise CommandError(f"key: no single key matches {options['key']!r}")
-        api_key_revoke(api_key=api_key)
+        api_key_revoke(api_key=api_key, actor="manage.py revokeapikey", via="command")
         self.stdout.write(f"Revoked key {api_key.name!r} ({api_key.prefix})")

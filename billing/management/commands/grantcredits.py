@@ -25,7 +25,9 @@ class Command(SpeedInferCommand):
             raise CommandError(f"account: no account {options['account']!r}")
         try:
             amount = parse_credits(options["amount"], allow_negative=True)
-            entry = credits_grant(account=account, amount=amount, actor="manage.py", note=options["note"])
+            entry = credits_grant(
+                account=account, amount=amount, actor="manage.py grantcredits", note=options["note"], via="command"
+            )
         except (AmountError, InvalidAmount, InsufficientCredits) as exc:
             raise CommandError(f"amount: {exc}") from None
         available = format_credits(entry.available_after)

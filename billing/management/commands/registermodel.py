@@ -30,6 +30,8 @@ class Command(SpeedInferCommand):
             input_price=input_price,
             output_price=output_price,
             max_output_tokens=options["max_output_tokens"],
+            actor="manage.py registermodel",
+            via="command",
         )
         self.stdout.write(
             f"{'Created' if created else 'Updated'} model {model.model_id}: input {format_credits(model.input_price)}, "
