@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 from uuid import UUID, uuid4
 
 from django.conf import settings
@@ -271,26 +272,36 @@ def reservation_settle(
             reference=str(reservation.pk),
             actor="gateway",
         )
-        record = UsageRecord.objects.create(
-            account_id=reservation.account_id,
-            api_key_id=reservation.api_key_id,
-            reservation=reservation,
-            request_id=reservation.request_id,
-            endpoint=outcome.endpoint,
-            model_id=reservation.model_id,
-            worker_id=outcome.worker_id,
+        record = _usage_create(
+            reservation,
+            outcome,
+            status=status,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cost=cost,
-            reserved=reservation.amount,
             overrun=max(0, cost - reservation.amount),
-            latency_ms=outcome.latency_ms,
-            ttft_ms=outcome.ttft_ms,
-            streamed=outcome.streamed,
-            status=status,
         )
         _notify_on_commit(record)
     return record
+
+
+def _usage_create(reservation: Reservation, outcome: Outcome, *, status: str, **fields: Any) -> UsageRecord:
+    """The ORM path's usage row: what the reservation and the outcome say, plus the charge `fields`."""
+    return UsageRecord.objects.create(
+        account_id=reservation.account_id,
+        api_key_id=reservation.api_key_id,
+        reservation=reservation,
+        request_id=reservation.request_id,
+        endpoint=outcome.endpoint,
+        model_id=reservation.model_id,
+        worker_id=outcome.worker_id,
+        reserved=reservation.amount,
+        latency_ms=outcome.latency_ms,
+        ttft_ms=outcome.ttft_ms,
+        streamed=outcome.streamed,
+        status=status,
+        **fields,
+    )
 
 
 def _return_held(reservation: Reservation, *, kind: str, actor: str, note: str = "") -> None:
@@ -326,21 +337,8 @@ def reservation_release(
         _return_held(reservation, kind=LedgerEntry.Kind.RELEASE, actor="gateway", note=error_code)
         if not error_code:
             return None
-        outcome = outcome or Outcome()
-        record = UsageRecord.objects.create(
-            account_id=reservation.account_id,
-            api_key_id=reservation.api_key_id,
-            reservation=reservation,
-            request_id=reservation.request_id,
-            endpoint=outcome.endpoint,
-            model_id=reservation.model_id,
-            worker_id=outcome.worker_id,
-            reserved=reservation.amount,
-            latency_ms=outcome.latency_ms,
-            ttft_ms=outcome.ttft_ms,
-            streamed=outcome.streamed,
-            status=UsageRecord.Status.FAILED,
-            error_code=error_code,
+        record = _usage_create(
+            reservation, outcome or Outcome(), status=UsageRecord.Status.FAILED, error_code=error_code
         )
         _notify_on_commit(record)
     return record
