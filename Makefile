@@ -63,10 +63,11 @@ bench: install-dev ## gateway vs direct path: latency, throughput, streaming, me
 chromium: ## Debian's chromium for the browser test (Playwright's own browser download fails here)
 	@test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
-lint: install-dev ## ruff and mypy
+lint: install-dev ## ruff, mypy and the import-linter layer contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
+	$(VENV)/bin/lint-imports
 
 clean: ## remove the venv and local state
 	rm -rf $(VENV) var

@@ -4,6 +4,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from accounts.keys import KEY_PREFIX
+
 SCOPES = ("chat", "completions", "models", "usage", "admin")
 DEFAULT_SCOPES = ("chat", "completions", "models", "usage")
 
@@ -66,31 +68,4 @@ class ApiKey(models.Model):
 
     @property
     def prefix(self) -> str:
-        from accounts.keys import KEY_PREFIX
-
         return f"{KEY_PREFIX}{self.lookup_id}"
-
-
-class AuditLog(models.Model):
-    """Append-only: one row per staff change to keys, credits, workers or prices.
-
-    Written by accounts.services.audit_record in the same transaction as the
-    change when the caller has one open, so a rolled-back change leaves no row.
-    """
-
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
-    actor = models.CharField(max_length=150, help_text="staff username, 'apikey:<prefix>' or a command name")
-    action = models.CharField(max_length=64, db_index=True, help_text="e.g. key.create, credits.grant")
-    target_type = models.CharField(max_length=64, blank=True)
-    target_id = models.CharField(max_length=200, blank=True)
-    target_repr = models.CharField(max_length=300, blank=True)
-    detail = models.JSONField(default=dict, blank=True)
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-        verbose_name = "audit log entry"
-        verbose_name_plural = "audit log"
-        indexes = [models.Index(fields=["target_type", "target_id"])]
-
-    def __str__(self) -> str:
-        return f"{self.created_at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_repr}"

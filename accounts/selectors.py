@@ -11,7 +11,7 @@ from accounts import key_cache
 from accounts.key_cache import KeyInfo
 from accounts.keys import digests_match, key_digest, split_lookup
 from accounts.models import Account, ApiKey
-from speedinfer.db import db_call
+from core.db import db_call
 
 
 @dataclass(frozen=True, slots=True)

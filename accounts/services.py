@@ -11,12 +11,13 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Model
 from django.utils import timezone
 
 from accounts import key_cache
 from accounts.keys import generate_key, key_digest
-from accounts.models import DEFAULT_SCOPES, SCOPES, Account, ApiKey, AuditLog, Membership
+from accounts.models import DEFAULT_SCOPES, SCOPES, Account, ApiKey, Membership
+from catalog.models import PublicModel
+from core.audit import audit_record
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
@@ -83,8 +84,6 @@ def api_key_create(
     actor: object = "",
     via: str = "",
 ) -> CreatedKey:
-    from billing.models import PublicModel
-
     clean_scopes = _validate_scopes(list(scopes) if scopes is not None else list(DEFAULT_SCOPES))
     models = [m.strip() for m in allowed_models if m.strip()]
     unknown = sorted(
@@ -133,37 +132,6 @@ def api_key_touch(*, key_id: int) -> None:
     ApiKey.objects.filter(pk=key_id).exclude(last_used_at__gte=now - LAST_USED_RESOLUTION).update(last_used_at=now)
 
 
-def actor_name(actor: object) -> str:
-    if actor is None:
-        return ""
-    if isinstance(actor, str):
-        return actor
-    username = getattr(actor, "username", None) or getattr(actor, "get_username", lambda: "")()
-    return str(username or actor)[:150]
-
-
-def audit_record(*, actor: object, action: str, target: object, detail: dict[str, Any] | None = None) -> AuditLog:
-    """Append an audit row for a staff change (keys, credits, workers, prices).
-
-    `actor` is a user, an API-key principal or a plain string; `target` a model
-    instance or a string. Call it inside the change's transaction where there is one.
-    Never put a secret in `detail`.
-    """
-    if isinstance(target, Model):
-        target_type = target._meta.label_lower
-        target_id = str(target.pk)
-    else:
-        target_type, target_id = "", ""
-    return AuditLog.objects.create(
-        actor=actor_name(actor),
-        action=action,
-        target_type=target_type,
-        target_id=target_id,
-        target_repr=str(target)[:300],
-        detail=detail or {},
-    )
-
-
 def _audit(actor: object, action: str, target: object, **detail: Any) -> None:
     """The services' own audit rows: written when a person or command (`actor`) made the change."""
     if actor:
@@ -183,8 +151,6 @@ def api_key_update(
     via: str = "",
 ) -> ApiKey:
     """Change a key's settings; other processes see it within SPEEDINFER_KEY_CACHE_TTL seconds."""
-    from billing.models import PublicModel
-
     clean_scopes = _validate_scopes(list(scopes))
     wanted = [m.strip() for m in allowed_models if m.strip()]
     known = set(PublicModel.objects.filter(model_id__in=wanted).values_list("model_id", flat=True))

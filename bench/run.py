@@ -401,7 +401,7 @@ def bench_profile(profile: str, args: argparse.Namespace, report: Report) -> Non
     up_port = free_port()
     upstream = start(
         "upstream",
-        [PY, "-m", "workers.simulator", "--port", str(up_port), "--model", MODEL, "--deltas", "16"],
+        [PY, "-m", "devtools.simulator", "--port", str(up_port), "--model", MODEL, "--deltas", "16"],
         env,
         port=up_port,
         cpus=args.upstream_cpus,

@@ -1,7 +1,7 @@
-"""PostgreSQL statements for the gateway's money path: one round trip each.
+"""The PostgreSQL money engine: the gateway's reserve, settle and release, one round trip each.
 
 Reserve, settle and release each run as ONE statement whose data-modifying CTEs
-do what the ORM path in billing.services does in five or six queries: the
+do what the ORM engine (billing.ledger_orm) does in five or six queries: the
 conditional account UPDATE (row-locked until the statement commits), the
 reservation claim with its row-count check, and the append-only ledger and
 usage rows with the balances the UPDATE returned. A single statement is its own
@@ -22,7 +22,7 @@ from django.db import connection
 
 from accounts.models import Account
 from billing.models import LedgerEntry, Reservation, UsageRecord
-from speedinfer.pgpool import get_pool
+from core.pgpool import get_pool
 
 _ACCOUNT = Account._meta.db_table
 _RESERVATION = Reservation._meta.db_table
@@ -172,7 +172,8 @@ def close(
     }
     if usage is None:
         return Statement(CLOSE_WITHOUT_USAGE, params, returns_usage=False)
-    return Statement(CLOSE_WITH_USAGE, {**params, **usage}, returns_usage=True)
+    usage_params = {("usage_status" if name == "status" else name): value for name, value in usage.items()}
+    return Statement(CLOSE_WITH_USAGE, {**params, **usage_params}, returns_usage=True)
 
 
 def _result(statement: Statement, row: Sequence[Any] | None, names: list[str]) -> UsageRecord | bool | None:

@@ -7,36 +7,6 @@ from django.utils import timezone
 
 from accounts.models import Account, ApiKey
 
-MICRO = 1_000_000  # micro-credits per credit
-
-
-class PublicModel(models.Model):
-    """A public model id customers ask for, with its prices.
-
-    Prices are micro-credits per 1,000,000 tokens, which is the same integer as
-    "credits per token" times 10^12: a price given in credits with up to six
-    decimals is stored exactly.
-    """
-
-    model_id = models.CharField(max_length=200, unique=True)
-    input_price = models.BigIntegerField(help_text="micro-credits per 1,000,000 prompt tokens")
-    output_price = models.BigIntegerField(help_text="micro-credits per 1,000,000 completion tokens")
-    max_output_tokens = models.PositiveIntegerField(default=4096)
-    enabled = models.BooleanField(default=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        ordering = ["model_id"]
-        verbose_name = "model"
-        constraints = [
-            models.CheckConstraint(condition=models.Q(input_price__gte=0), name="model_input_price_non_negative"),
-            models.CheckConstraint(condition=models.Q(output_price__gte=0), name="model_output_price_non_negative"),
-        ]
-
-    def __str__(self) -> str:
-        return self.model_id
-
 
 class LedgerEntry(models.Model):
     """Append-only: every change to an account's available or reserved amount.

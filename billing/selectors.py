@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from django.db.models import QuerySet, Sum
 
 from accounts.models import Account
-from billing.models import LedgerEntry, PublicModel, UsageRecord
+from billing.models import LedgerEntry, UsageRecord
+from catalog.models import PublicModel
 
 
 @dataclass(frozen=True)

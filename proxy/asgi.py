@@ -8,19 +8,18 @@ routed by exact path here, and touches Django only for the ORM work it needs
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from proxy import catalog
+from catalog import cache as catalog
+from core.db import db_call
+from core.metrics import observe_request
+from core.request_log import log_request
 from proxy.errors import GatewayError
 from proxy.exchange import Exchange, Receive, Scope, Send
 from proxy.gateway import authenticate, handle_completion
-from proxy.payloads import CHAT, COMPLETIONS
 from proxy.selectors import key_summary, usage_page
-from speedinfer.db import db_call
-from speedinfer.metrics import observe_request
-from speedinfer.request_log import log_request
+from runtimes.request import CHAT, COMPLETIONS
 
 log = logging.getLogger("speedinfer.gateway")
 
@@ -96,32 +95,9 @@ async def gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
         if not ex.response_started:
             await ex.respond_error(GatewayError(500, "internal_error", "internal error; the request was not charged"))
     finally:
-        elapsed = time.perf_counter() - ex.started
-        observe_request(
-            endpoint=path if route is not None else "other",
-            model=ex.model,
-            worker_id=ex.worker_id,
-            status=ex.status,
-            latency_s=elapsed,
-            ttft_s=ex.ttft,
-            prompt_tokens=ex.prompt_tokens,
-            completion_tokens=ex.completion_tokens,
-        )
-        log_request(
-            request_id=ex.request_id,
-            account_id=ex.account_id,
-            key_prefix=ex.key_prefix,
-            endpoint=path if route is not None else "other",
-            model=ex.model,
-            worker_id=ex.worker_id,
-            status=ex.status,
-            error_code=ex.error_code,
-            latency_ms=int(elapsed * 1000),
-            ttft_ms=int(ex.ttft * 1000) if ex.ttft is not None else None,
-            prompt_tokens=ex.prompt_tokens,
-            completion_tokens=ex.completion_tokens,
-            streamed=ex.streamed,
-        )
+        ex.outcome.endpoint = path if route is not None else "other"
+        observe_request(ex.outcome)
+        log_request(ex.outcome)
 
 
 def with_gateway(django_app: Any) -> ASGIApp:

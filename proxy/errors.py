@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from speedinfer.errors import error_body
+from core.errors import error_body
 
 
 class GatewayError(Exception):

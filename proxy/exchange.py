@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import orjson
 
+from core.outcome import RequestOutcome
 from proxy.errors import GatewayError
 
 Scope = MutableMapping[str, Any]
@@ -31,45 +31,23 @@ class Exchange:
         "_send",
         "request_id",
         "authorization",
-        "started",
         "response_started",
         "extra_headers",
         "disconnected",
         "interruptible",
         "task",
-        "status",
-        "model",
-        "worker_id",
-        "ttft",
-        "prompt_tokens",
-        "completion_tokens",
-        "account_id",
-        "key_prefix",
-        "error_code",
-        "streamed",
+        "outcome",
     )
 
     def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.scope = scope
         self.receive = receive
         self._send = send
-        self.started = time.perf_counter()
         self.response_started = False
         self.extra_headers: list[tuple[bytes, bytes]] = []
         self.disconnected = False
         self.interruptible = False  # True while cancelling the task on disconnect is safe (no DB write running)
         self.task: asyncio.Task[Any] | None = None
-        self.status = 0
-        # What the request ended in, for the log line and metrics.
-        self.model = ""
-        self.worker_id = ""
-        self.ttft: float | None = None
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        self.account_id: int | None = None
-        self.key_prefix = ""
-        self.error_code = ""
-        self.streamed = False
         request_id = b""
         authorization = b""
         for name, value in scope["headers"]:
@@ -79,6 +57,8 @@ class Exchange:
                 request_id = value
         self.authorization = authorization
         self.request_id = request_id.decode() if _REQUEST_ID.match(request_id) else uuid.uuid4().hex
+        # How the request ends: filled in along the path, then handed to the ledger, metrics and log.
+        self.outcome = RequestOutcome(request_id=self.request_id)
 
     def bearer(self) -> str:
         scheme, _, token = self.authorization.partition(b" ")
@@ -114,17 +94,17 @@ class Exchange:
         body = orjson.dumps(payload)
         all_headers = self._headers(_JSON, headers or [])
         all_headers.append((b"content-length", str(len(body)).encode()))
-        self.status = status
+        self.outcome.status = status
         self.response_started = True
         await self._send({"type": "http.response.start", "status": status, "headers": all_headers})
         await self._send({"type": "http.response.body", "body": body})
 
     async def respond_error(self, error: GatewayError) -> None:
-        self.error_code = error.code
+        self.outcome.error_code = error.code
         await self.respond_json(error.status, error.body(), error.headers)
 
     async def start_stream(self) -> None:
-        self.status = 200
+        self.outcome.status = 200
         self.response_started = True
         headers = self._headers(_SSE, [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")])
         await self._send({"type": "http.response.start", "status": 200, "headers": headers})

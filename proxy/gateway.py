@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,20 +32,24 @@ import orjson
 
 from accounts.key_cache import KeyInfo
 from accounts.selectors import api_key_authenticate_async
-from billing.models import PublicModel, UsageRecord
+from billing.models import UsageRecord
 from billing.pricing import cost_of, prompt_token_bound
-from billing.services import InsufficientCredits, Outcome, reservation_release_async, reservation_settle_async
-from proxy import catalog
+from billing.services import InsufficientCredits, reservation_release_async, reservation_settle_async
+from catalog import cache as catalog
+from catalog.models import PublicModel
+from core.outcome import RequestOutcome
 from proxy.errors import GatewayError
 from proxy.exchange import Exchange
-from proxy.payloads import CompletionParams, parse_completion
+from proxy.payloads import parse_completion
 from proxy.ratelimit import rate_limit_admit, rate_limit_refund
 from proxy.services import request_reserve
-from proxy.transports import DONE, Usage, openai_complete, openai_stream_open, sse_data, triton_complete, usage_from
-from speedinfer.errors import error_body
-from workers import circuit, routing
-from workers.errors import RuntimeUsageUnavailable, UpstreamError, WorkerError
-from workers.routing import WorkerView
+from runtimes.errors import RuntimeUsageUnavailable, UpstreamError, WorkerError
+from runtimes.openai import openai_complete, openai_stream_open
+from runtimes.request import CompletionParams, Usage, usage_from
+from runtimes.sse import DONE, sse_data
+from runtimes.target import WorkerTarget
+from runtimes.triton import triton_complete
+from workers import routing
 
 log = logging.getLogger("speedinfer.gateway")
 
@@ -58,7 +61,7 @@ async def authenticate(ex: Exchange, scope: str) -> KeyInfo:
     result = await api_key_authenticate_async(raw_key=ex.bearer())
     key = result.key
     if key is not None:
-        ex.account_id, ex.key_prefix = key.account_id, key.prefix
+        ex.outcome.account_id, ex.outcome.key_prefix = key.account_id, key.prefix
     if key is None:
         reason = {"missing": "no API key was given (Authorization: Bearer ...)"}.get(
             result.reason or "", f"the API key is {result.reason or 'unknown'}"
@@ -79,24 +82,18 @@ class _Call:
     model: PublicModel
     max_tokens: int
     prompt_bound: int
-    workers: list[WorkerView] = field(default_factory=list)
+    workers: list[WorkerTarget] = field(default_factory=list)
     reservation_id: Any = None
-    worker: WorkerView | None = None
-    ttft: float | None = None
+    worker: WorkerTarget | None = None
     usage: Usage | None = None
     delivered_chunks: int = 0
     closed: bool = False  # the reservation was settled or released
-    outcome_status: int = 0  # a stream's real outcome, when it differs from the 200 already sent
 
-    def outcome(self) -> Outcome:
-        elapsed = time.perf_counter() - self.ex.started
-        return Outcome(
-            worker_id=self.worker.worker_id if self.worker else "",
-            endpoint=_ENDPOINT_PATHS[self.params.endpoint],
-            latency_ms=int(elapsed * 1000),
-            ttft_ms=int(self.ttft * 1000) if self.ttft is not None else None,
-            streamed=self.params.stream,
-        )
+    def _outcome(self) -> RequestOutcome:
+        outcome = self.ex.outcome
+        outcome.worker_id = self.worker.worker_id if self.worker else ""
+        outcome.endpoint = _ENDPOINT_PATHS[self.params.endpoint]
+        return outcome
 
     async def settle(self, usage: Usage, status: str = UsageRecord.Status.OK) -> None:
         self.closed = True
@@ -104,7 +101,7 @@ class _Call:
             reservation_id=self.reservation_id,
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
-            outcome=self.outcome(),
+            outcome=self._outcome(),
             status=status,
         )
 
@@ -113,13 +110,13 @@ class _Call:
             return
         self.closed = True
         await reservation_release_async(
-            reservation_id=self.reservation_id, error_code=error_code, outcome=self.outcome()
+            reservation_id=self.reservation_id, error_code=error_code, outcome=self._outcome()
         )
 
 
 async def handle_completion(ex: Exchange, endpoint: str) -> None:
     params = parse_completion(await ex.body(), endpoint=endpoint)
-    ex.model, ex.streamed = params.model, params.stream
+    ex.outcome.model, ex.outcome.streamed = params.model, params.stream
     key = await authenticate(ex, endpoint)  # the scope names match the endpoints: chat, completions
     model = (await catalog.public_models()).get(params.model)
     if model is None:
@@ -145,18 +142,16 @@ async def handle_completion(ex: Exchange, endpoint: str) -> None:
         else:
             await _complete(call)
     finally:
-        ex.worker_id = call.worker.worker_id if call.worker else ""
-        ex.ttft = call.ttft
+        outcome = ex.outcome
+        outcome.worker_id = call.worker.worker_id if call.worker else ""
         if call.usage is not None:
-            ex.prompt_tokens, ex.completion_tokens = call.usage.prompt_tokens, call.usage.completion_tokens
-        if call.outcome_status:
-            ex.status = call.outcome_status
+            outcome.prompt_tokens, outcome.completion_tokens = call.usage.prompt_tokens, call.usage.completion_tokens
         # The tokens limit counts what was used, not the bound it admitted.
-        used = ex.prompt_tokens + ex.completion_tokens if call.closed and call.usage is not None else 0
+        used = outcome.prompt_tokens + outcome.completion_tokens if call.closed and call.usage is not None else 0
         await rate_limit_refund(key=key, tokens=token_bound - used)
 
 
-async def _select(params: CompletionParams) -> list[WorkerView]:
+async def _select(params: CompletionParams) -> list[WorkerTarget]:
     workers = await routing.eligible_workers(params.model)
     if params.stream:
         streamable = [w for w in workers if w.transport == "openai"]
@@ -197,7 +192,7 @@ async def _reserve_for(call: _Call) -> None:
     call.reservation_id = reservation.pk
 
 
-async def _forward_once(call: _Call, worker: WorkerView) -> tuple[dict[str, Any], Usage]:
+async def _forward_once(call: _Call, worker: WorkerTarget) -> tuple[dict[str, Any], Usage]:
     forward = openai_complete if worker.transport == "openai" else triton_complete
     routing.acquire(worker.worker_id)
     try:
@@ -215,14 +210,9 @@ async def _complete(call: _Call) -> None:
             try:
                 data, usage = await _forward_once(call, worker)
             except WorkerError as error:
-                _log_worker_error(call, worker, error)
-                if error.counts_against_circuit:
-                    await circuit.record_failure(worker.worker_id, reason=error.code)
-                    if attempt == 0 and len(call.workers) > 1:
-                        continue  # nothing has reached the client: one more try elsewhere
-                await call.release(error.code)
-                raise GatewayError(error.status, error.code, error.message) from None
-            await circuit.record_success(worker.worker_id)
+                await _worker_failed(call, worker, error, attempt=attempt)
+                continue
+            await routing.record_success(worker.worker_id)
             call.usage = usage
             await call.settle(usage)
             await call.ex.respond_json(200, data)
@@ -256,19 +246,15 @@ async def _stream(call: _Call) -> None:
                     raise RuntimeUsageUnavailable("the worker's stream ended without any event; nothing was charged")
                 break
             except WorkerError as error:
-                _log_worker_error(call, worker, error)
                 if response is not None:
                     await response.aclose()
                     response = None
-                if error.counts_against_circuit:
-                    await circuit.record_failure(worker.worker_id, reason=error.code)
-                    if attempt == 0 and len(call.workers) > 1:
-                        continue
                 ex.interruptible = False
-                await call.release(error.code)
-                raise GatewayError(error.status, error.code, error.message) from None
+                await _worker_failed(call, worker, error, attempt=attempt)
+                ex.interruptible = True
+                continue
         assert response is not None and events is not None and first is not None
-        call.ttft = time.perf_counter() - ex.started
+        ex.outcome.ttft = ex.outcome.elapsed()
         await ex.start_stream()
         await _relay(call, first, events, response)
     except asyncio.CancelledError:
@@ -329,19 +315,17 @@ async def _relay(call: _Call, first: bytes, events: Any, response: httpx.Respons
         if call.usage is None:
             raise RuntimeUsageUnavailable("the worker's stream ended without usage; nothing was charged")
     except WorkerError as error:
-        _log_worker_error(call, worker, error)
         ex.interruptible = False
         await response.aclose()
-        if error.counts_against_circuit:
-            await circuit.record_failure(worker.worker_id, reason=error.code)
-        await call.release(error.code)
-        event = error_body(status=error.status, code=error.code, message=error.message)
-        call.outcome_status = error.status
-        ex.error_code = error.code
-        await ex.end_stream(b"data: " + orjson.dumps(event) + b"\n\n")
+        try:
+            await _worker_failed(call, worker, error, attempt=None)
+        except GatewayError as failure:
+            # The 200 is already sent: the error goes in the stream, and the record keeps the real status.
+            ex.outcome.status, ex.outcome.error_code = failure.status, failure.code
+            await ex.end_stream(b"data: " + orjson.dumps(failure.body()) + b"\n\n")
         return
     ex.interruptible = False
-    await circuit.record_success(worker.worker_id)
+    await routing.record_success(worker.worker_id)
     await call.settle(call.usage)
     await ex.end_stream(b"data: [DONE]\n\n")
     # Read the upstream body to its end (after [DONE] only the chunked terminator is left): a response
@@ -364,7 +348,7 @@ def _has_content(choice: Any) -> bool:
 async def _charge_disconnected(call: _Call) -> None:
     """The client left mid-stream: charge what it was sent, nothing more (policy in the module docstring)."""
     status = UsageRecord.Status.CLIENT_DISCONNECTED
-    call.outcome_status = 499
+    call.ex.outcome.status = 499
     if call.usage is not None:
         await call.settle(call.usage, status)
     elif call.delivered_chunks == 0:
@@ -377,7 +361,20 @@ async def _charge_disconnected(call: _Call) -> None:
     log.info("request %s: client disconnected mid-stream after %d chunks", call.ex.request_id, call.delivered_chunks)
 
 
-def _log_worker_error(call: _Call, worker: WorkerView, error: WorkerError) -> None:
+async def _worker_failed(call: _Call, worker: WorkerTarget, error: WorkerError, *, attempt: int | None) -> None:
+    """The one failure path of a worker call: log it, count a worker fault against the circuit, then
+    return when the caller may try the next worker (a first attempt whose failure reached no client),
+    else release the reservation (nothing is charged) and raise the client's error."""
+    _log_worker_error(call, worker, error)
+    if error.counts_against_circuit:
+        await routing.record_failure(worker.worker_id, reason=error.code)
+        if attempt == 0 and len(call.workers) > 1:
+            return
+    await call.release(error.code)
+    raise GatewayError(error.status, error.code, error.message) from None
+
+
+def _log_worker_error(call: _Call, worker: WorkerTarget, error: WorkerError) -> None:
     # The worker's own words may quote its URL; endpoints never reach the logs.
     detail = error.detail.replace(worker.endpoint, "<endpoint>") if worker.endpoint else error.detail
     log.warning(

@@ -8,29 +8,14 @@ because runtimes accept vendor fields (top_k, repetition_penalty, ...).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from proxy.errors import GatewayError
+from runtimes.request import CHAT, CompletionParams
 
-CHAT = "chat"
-COMPLETIONS = "completions"
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-
-
-@dataclass(slots=True)
-class CompletionParams:
-    endpoint: str  # CHAT or COMPLETIONS
-    body: dict[str, Any]
-    model: str
-    stream: bool
-    include_usage: bool
-    max_tokens: int | None  # what the client asked for, before the model's cap
-    texts: list[str]  # every piece of prompt text, for the prompt-token bound
-    messages: list[dict[str, Any]]  # chat only
-    prompt: str  # completions only
 
 
 def invalid(message: str, param: str | None) -> GatewayError:

@@ -6,8 +6,8 @@ from typing import Any
 
 from accounts.key_cache import KeyInfo
 from accounts.models import SCOPES, Account
-from billing.pricing import format_credits
 from billing.selectors import usage_for_account
+from core.credits import format_credits
 
 
 def key_summary(*, key: KeyInfo) -> dict[str, Any]:

@@ -7,9 +7,10 @@ import asyncio
 from accounts import key_cache
 from accounts.key_cache import KeyInfo
 from accounts.services import api_key_touch
-from billing.models import PublicModel, Reservation
+from billing.models import Reservation
 from billing.services import credits_reserve_async
-from speedinfer.db import db_call
+from catalog.models import PublicModel
+from core.db import db_call
 
 _touch = db_call(api_key_touch)
 _background: set[asyncio.Task[None]] = set()  # strong refs until done (the loop keeps only weak ones)

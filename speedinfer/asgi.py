@@ -15,7 +15,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from accounts.ws_urls import websocket_urlpatterns  # noqa: E402
+from console.ws_urls import websocket_urlpatterns  # noqa: E402
 from proxy.asgi import with_gateway  # noqa: E402
 from speedinfer.lifespan import lifespan_app  # noqa: E402
 

@@ -1,6 +1,6 @@
 """ASGI lifespan: close this process's pooled upstream clients and database pool on shutdown.
 
-Both are per event loop (workers.http, speedinfer.pgpool); closing them at
+Both are per event loop (runtimes.http, core.pgpool); closing them at
 shutdown ends keep-alive connections cleanly instead of leaving them to the
 garbage collector.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from speedinfer.pgpool import close_pool
-from workers.http import close_client
+from core.pgpool import close_pool
+from runtimes.http import close_client
 
 log = logging.getLogger(__name__)
 

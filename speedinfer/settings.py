@@ -13,7 +13,7 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from speedinfer.env import env_bool, env_choice, env_float, env_int, env_list, env_str, env_url
+from core.env import env_bool, env_choice, env_float, env_int, env_list, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("SPEEDINFER_VAR_DIR", str(BASE_DIR / "var")))
@@ -58,10 +58,15 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "rest_framework",
+    "core",
+    "catalog",
     "accounts",
     "billing",
     "workers",
     "proxy",
+    "console",
+    "devtools",
+    "speedinfer",
 ]
 
 MIDDLEWARE = [
@@ -155,13 +160,13 @@ REST_FRAMEWORK = {
     # The key authenticator comes first so that DRF answers 401 with a Bearer challenge (not 403)
     # for a missing or bad key; a staff browser session still authenticates second.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "accounts.api_auth.ApiKeyAuthentication",
+        "console.api.auth.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["accounts.api_auth.IsStaffOrAdminKey"],
+    "DEFAULT_PERMISSION_CLASSES": ["console.api.auth.IsStaffOrAdminKey"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "speedinfer.errors.drf_exception_handler",
+    "EXCEPTION_HANDLER": "core.errors.drf_exception_handler",
 }
 
 # Celery: Redis in production; in the embedded default the schedule is run by
@@ -209,7 +214,7 @@ LOGGING = {
         "django.db.backends": {"level": "WARNING"},
         # httpx logs every request's URL at INFO, and worker endpoints must stay out of the logs.
         "httpx": {"level": "WARNING"},
-        # speedinfer.request_log: one JSON object per line, nothing around it.
+        # core.request_log: one JSON object per line, nothing around it.
         # SPEEDINFER_REQUEST_LOG_LEVEL=WARNING turns the per-request lines off.
         "speedinfer.requests": {
             "handlers": ["json_lines"],

@@ -7,8 +7,10 @@ from typing import Any
 
 from accounts.models import Account
 from accounts.services import CreatedKey, account_create, api_key_create
-from billing.models import MICRO, PublicModel
-from billing.services import credits_grant, model_register
+from billing.services import credits_grant
+from catalog.models import PublicModel
+from catalog.services import model_register
+from core.credits import MICRO
 
 _seq = itertools.count(1)
 

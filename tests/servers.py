@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from workers.simulator import Behaviour, Simulator, SimulatorThread
+from devtools.simulator import Behaviour, Simulator, SimulatorThread
 
 
 class GatewayServer:
@@ -137,7 +137,7 @@ def register_worker(
 @pytest.fixture(autouse=False)
 def fresh_gateway() -> Iterator[None]:
     """Each test's models and workers are new rows: drop the gateway's per-process caches."""
-    from proxy import catalog
+    from catalog import cache as catalog
     from workers import routing
 
     catalog.forget()

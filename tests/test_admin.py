@@ -8,10 +8,14 @@ import io
 import pytest
 from django.test import Client
 
-from accounts.models import Account, ApiKey, AuditLog
+from accounts.models import Account, ApiKey
 from accounts.selectors import api_key_authenticate
-from billing.models import MICRO, LedgerEntry, PublicModel
-from billing.services import Outcome, credits_reserve, reservation_settle
+from billing.models import LedgerEntry
+from billing.services import credits_reserve, reservation_settle
+from catalog.models import PublicModel
+from core.credits import MICRO
+from core.models import AuditLog
+from core.outcome import RequestOutcome
 from tests.factories import make_account, make_key, make_model
 
 pytestmark = pytest.mark.django_db
@@ -42,7 +46,7 @@ def customer(django_user_model) -> Client:
         "/admin/accounts/apikey/add/",
         "/admin/billing/usagerecord/",
         "/admin/billing/usagerecord/export.csv",
-        "/admin/accounts/auditlog/",
+        "/admin/core/auditlog/",
     ],
 )
 def test_non_staff_and_anonymous_get_the_login_page(client, customer, url):
@@ -60,9 +64,9 @@ def test_non_staff_and_anonymous_get_the_login_page(client, customer, url):
         "/admin/accounts/account/add/",
         "/admin/accounts/apikey/",
         "/admin/accounts/apikey/add/",
-        "/admin/accounts/auditlog/",
-        "/admin/billing/publicmodel/",
-        "/admin/billing/publicmodel/add/",
+        "/admin/core/auditlog/",
+        "/admin/catalog/publicmodel/",
+        "/admin/catalog/publicmodel/add/",
         "/admin/billing/ledgerentry/",
         "/admin/billing/reservation/",
         "/admin/billing/usagerecord/",
@@ -218,7 +222,7 @@ def test_search_keys_by_prefix_or_name(staff):
 
 def test_model_prices_entered_as_credits(staff):
     response = staff.post(
-        "/admin/billing/publicmodel/add/",
+        "/admin/catalog/publicmodel/add/",
         {
             "model_id": "acme/new",
             "input_price_credits": "0.5",
@@ -229,10 +233,10 @@ def test_model_prices_entered_as_credits(staff):
     assert response.status_code == 302
     model = PublicModel.objects.get(model_id="acme/new")
     assert (model.input_price, model.output_price, model.max_output_tokens) == (500_000, 1_250_000, 2048)
-    listing = staff.get("/admin/billing/publicmodel/").content.decode()
+    listing = staff.get("/admin/catalog/publicmodel/").content.decode()
     assert "0.500000" in listing and "1.250000" in listing
     staff.post(
-        f"/admin/billing/publicmodel/{model.pk}/change/",
+        f"/admin/catalog/publicmodel/{model.pk}/change/",
         {"input_price_credits": "0.75", "output_price_credits": "1.25", "max_output_tokens": "2048"},
     )
     model.refresh_from_db()
@@ -250,7 +254,7 @@ def test_usage_is_read_only_filterable_and_exports_csv(staff):
             reservation_id=reservation.pk,
             prompt_tokens=10,
             completion_tokens=5,
-            outcome=Outcome(worker_id="w1", latency_ms=50),
+            outcome=RequestOutcome(request_id="", worker_id="w1", latency=(50) / 1000),
         )
     page = staff.get(f"/admin/billing/usagerecord/?account__id__exact={a.pk}&model_id=acme/m1&status__exact=ok")
     assert [r.request_id for r in page.context["cl"].result_list] == ["ra"]
@@ -266,10 +270,10 @@ def test_usage_is_read_only_filterable_and_exports_csv(staff):
 
 def test_audit_log_is_read_only(staff):
     make_account(name="Acme")
-    from accounts.services import audit_record
+    from core.audit import audit_record
 
     entry = audit_record(actor="someone", action="worker.disable", target="gpu-1", detail={"why": "test"})
-    page = staff.get("/admin/accounts/auditlog/")
+    page = staff.get("/admin/core/auditlog/")
     assert b"worker.disable" in page.content
-    assert staff.post(f"/admin/accounts/auditlog/{entry.pk}/delete/").status_code == 403
-    assert staff.get("/admin/accounts/auditlog/add/").status_code == 403
+    assert staff.post(f"/admin/core/auditlog/{entry.pk}/delete/").status_code == 403
+    assert staff.get("/admin/core/auditlog/add/").status_code == 403

@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from accounts.models import ApiKey, AuditLog
+from accounts.models import ApiKey
 from accounts.selectors import api_key_authenticate
-from billing.models import MICRO, LedgerEntry, PublicModel
+from billing.models import LedgerEntry
+from catalog.models import PublicModel
+from core.credits import MICRO
+from core.models import AuditLog
 from tests.factories import make_account, make_key, make_model
 
 pytestmark = pytest.mark.django_db

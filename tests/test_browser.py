@@ -20,8 +20,10 @@ from django.utils import timezone
 
 from accounts.models import ApiKey
 from accounts.services import account_user_create
-from billing.models import MICRO, UsageRecord
-from billing.services import Outcome, credits_reserve, reservation_settle
+from billing.models import UsageRecord
+from billing.services import credits_reserve, reservation_settle
+from core.credits import MICRO
+from core.outcome import RequestOutcome
 from tests.factories import make_account, make_model
 from tests.servers import register_worker
 
@@ -56,7 +58,7 @@ def seed_history(account, model) -> None:
             reservation_id=reservation.pk,
             prompt_tokens=200 * (days_ago + 1),
             completion_tokens=100 * (days_ago + 1),
-            outcome=Outcome(worker_id="sim-1", latency_ms=40 + days_ago),
+            outcome=RequestOutcome(request_id="", worker_id="sim-1", latency=(40 + days_ago) / 1000),
         )
         assert record is not None
         UsageRecord.objects.filter(pk=record.pk).update(created_at=timezone.now() - timedelta(days=days_ago))

@@ -10,7 +10,7 @@ from django.core.management.base import CommandError
 
 from accounts.models import Account, ApiKey
 from accounts.selectors import api_key_authenticate
-from billing.models import PublicModel
+from catalog.models import PublicModel
 from tests.factories import make_account, make_model
 
 pytestmark = pytest.mark.django_db
@@ -125,7 +125,7 @@ def test_registermodel_defaults_the_output_cap_from_the_setting(settings):
 
 
 def test_operator_commands_are_audited(monkeypatch):
-    from accounts.models import AuditLog
+    from core.models import AuditLog
 
     monkeypatch.setenv("SPEEDINFER_PASSWORD", "s3cret-pass-word")
     run("registermodel", "acme/model-1", "--input-price", "1", "--output-price", "2")

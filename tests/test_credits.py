@@ -9,18 +9,19 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from billing.models import MICRO, LedgerEntry, Reservation, UsageRecord
-from billing.pricing import AmountError, cost_of, format_credits, parse_credits
+from billing.models import LedgerEntry, Reservation, UsageRecord
+from billing.pricing import cost_of
 from billing.selectors import ledger_totals
 from billing.services import (
     InsufficientCredits,
-    Outcome,
     credits_grant,
     credits_reserve,
     reservation_release,
     reservation_settle,
     reservations_expire,
 )
+from core.credits import MICRO, AmountError, format_credits, parse_credits
+from core.outcome import RequestOutcome
 from tests.factories import make_account, make_model
 
 pytestmark = pytest.mark.django_db
@@ -56,7 +57,10 @@ def test_reserve_then_settle_charges_the_actual_cost_and_returns_the_rest():
     assert (account.available, account.reserved) == (5 * MICRO, 5 * MICRO)
 
     record = reservation_settle(
-        reservation_id=reservation.pk, prompt_tokens=1000, completion_tokens=500, outcome=Outcome(worker_id="w1")
+        reservation_id=reservation.pk,
+        prompt_tokens=1000,
+        completion_tokens=500,
+        outcome=RequestOutcome(request_id="", worker_id="w1", latency=0.0),
     )
     assert record is not None and record.cost == 2000  # 1000*1 + 500*2 micro-credits
     account.refresh_from_db()
@@ -67,9 +71,17 @@ def test_reserve_then_settle_charges_the_actual_cost_and_returns_the_rest():
 def test_settling_twice_charges_once():
     account = make_account(credits=10)
     reservation = credits_reserve(account_id=account.pk, amount=MICRO, model=make_model())
-    first = reservation_settle(reservation_id=reservation.pk, prompt_tokens=10, completion_tokens=10, outcome=Outcome())
+    first = reservation_settle(
+        reservation_id=reservation.pk,
+        prompt_tokens=10,
+        completion_tokens=10,
+        outcome=RequestOutcome(request_id="", latency=0.0),
+    )
     second = reservation_settle(
-        reservation_id=reservation.pk, prompt_tokens=10, completion_tokens=10, outcome=Outcome()
+        reservation_id=reservation.pk,
+        prompt_tokens=10,
+        completion_tokens=10,
+        outcome=RequestOutcome(request_id="", latency=0.0),
     )
     assert first is not None and second is None
     assert UsageRecord.objects.filter(account=account).count() == 1
@@ -84,7 +96,12 @@ def test_release_charges_nothing_and_is_idempotent():
     assert reservation_release(reservation_id=reservation.pk, error_code="upstream_error") is None
     # A late settle after a release must not charge.
     assert (
-        reservation_settle(reservation_id=reservation.pk, prompt_tokens=5, completion_tokens=5, outcome=Outcome())
+        reservation_settle(
+            reservation_id=reservation.pk,
+            prompt_tokens=5,
+            completion_tokens=5,
+            outcome=RequestOutcome(request_id="", latency=0.0),
+        )
         is None
     )
     account.refresh_from_db()
@@ -105,12 +122,18 @@ def test_an_overrun_is_charged_and_recorded():
     account = make_account(credits=10)
     reservation = credits_reserve(account_id=account.pk, amount=100, model=make_model())
     record = reservation_settle(
-        reservation_id=reservation.pk, prompt_tokens=100, completion_tokens=0, outcome=Outcome()
+        reservation_id=reservation.pk,
+        prompt_tokens=100,
+        completion_tokens=0,
+        outcome=RequestOutcome(request_id="", latency=0.0),
     )
     assert record is not None and record.cost == 100
     reservation = credits_reserve(account_id=account.pk, amount=100, model=make_model())
     record = reservation_settle(
-        reservation_id=reservation.pk, prompt_tokens=150, completion_tokens=0, outcome=Outcome()
+        reservation_id=reservation.pk,
+        prompt_tokens=150,
+        completion_tokens=0,
+        outcome=RequestOutcome(request_id="", latency=0.0),
     )
     assert record is not None and (record.cost, record.overrun) == (150, 50)
     assert_ledger_balances(account)
@@ -177,7 +200,10 @@ def test_concurrent_reservations_never_overdraw_and_the_ledger_balances():
             action = rng.choice(["settle", "release", "expire"])
             if action == "settle":
                 reservation_settle(
-                    reservation_id=reservation_id, prompt_tokens=100, completion_tokens=50, outcome=Outcome()
+                    reservation_id=reservation_id,
+                    prompt_tokens=100,
+                    completion_tokens=50,
+                    outcome=RequestOutcome(request_id="", latency=0.0),
                 )
             elif action == "release":
                 reservation_release(reservation_id=reservation_id, error_code="upstream_error")

@@ -10,10 +10,13 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from accounts.models import ApiKey, AuditLog
+from accounts.models import ApiKey
 from accounts.services import account_user_create
-from billing.models import MICRO, UsageRecord
-from billing.services import Outcome, credits_reserve, reservation_settle
+from billing.models import UsageRecord
+from billing.services import credits_reserve, reservation_settle
+from core.credits import MICRO
+from core.models import AuditLog
+from core.outcome import RequestOutcome
 from tests.factories import make_account, make_key, make_model
 
 pytestmark = pytest.mark.django_db
@@ -57,7 +60,7 @@ def settle(account, model, *, prompt=1000, completion=500, request_id="req-1", l
         reservation_id=reservation.pk,
         prompt_tokens=prompt,
         completion_tokens=completion,
-        outcome=Outcome(worker_id="w1", endpoint="chat", latency_ms=latency_ms),
+        outcome=RequestOutcome(request_id="", worker_id="w1", endpoint="chat", latency=(latency_ms) / 1000),
     )
     assert record is not None
     return record

@@ -11,10 +11,11 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
-from accounts.live import usage_push
 from accounts.services import account_user_create
-from billing.models import MICRO
-from billing.services import Outcome, credits_reserve, reservation_settle, usage_listeners
+from billing.services import credits_reserve, reservation_settle, usage_listeners
+from console.live import usage_push
+from core.credits import MICRO
+from core.outcome import RequestOutcome
 from speedinfer.asgi import application
 from tests.factories import make_account, make_model
 
@@ -33,7 +34,7 @@ def settle(account_id: int, model, request_id: str):
         reservation_id=reservation.pk,
         prompt_tokens=100,
         completion_tokens=50,
-        outcome=Outcome(worker_id="w1", latency_ms=77),
+        outcome=RequestOutcome(request_id="", worker_id="w1", latency=(77) / 1000),
     )
 
 

@@ -16,9 +16,9 @@ from django.db import DatabaseError, connection
 from django.test import Client
 from django.utils import timezone
 
-from accounts.dashboard.selectors import dashboard_summary, usage_by_day_and_model, usage_records
 from accounts.services import account_user_create
 from billing.models import UsageRecord
+from console.dashboard.selectors import dashboard_summary, usage_by_day_and_model, usage_records
 from tests.factories import make_account
 
 ROWS = 1_000_000

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from workers.tritonserver import triton_installed
+from devtools.tritonserver import triton_installed
 
 ROOT = Path(__file__).resolve().parent.parent
 

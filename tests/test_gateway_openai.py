@@ -10,8 +10,9 @@ import openai
 import pytest
 
 from accounts.models import Account
-from billing.models import MICRO, LedgerEntry, Reservation, UsageRecord
+from billing.models import LedgerEntry, Reservation, UsageRecord
 from billing.selectors import ledger_totals
+from core.credits import MICRO
 from tests.factories import make_account, make_key, make_model
 from tests.servers import register_worker
 
@@ -204,7 +205,7 @@ def test_the_gateway_survives_its_database_connections_being_cut(world):
     from django.db import connection
 
     from accounts import key_cache
-    from proxy import catalog
+    from catalog import cache as catalog
 
     def ask() -> int:
         reply = client(world).chat.completions.create(

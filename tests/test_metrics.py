@@ -10,10 +10,11 @@ import pytest
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from billing.models import MICRO
 from billing.services import credits_reserve
-from speedinfer.metrics import observe_request
-from speedinfer.request_log import log_request, request_log_line
+from core.credits import MICRO
+from core.metrics import observe_request
+from core.outcome import RequestOutcome
+from core.request_log import log_request, request_log_line
 from tests.factories import make_account, make_model
 from workers.models import Worker
 
@@ -34,16 +35,23 @@ def value(found, name: str, **labels: str) -> float:
 def test_it_counts_requests_latency_ttft_and_tokens():
     before = samples(Client().get("/metrics").content.decode())
     observe_request(
-        endpoint="chat",
-        model="acme/metrics-a",
-        worker_id="gpu-a",
-        status=200,
-        latency_s=0.3,
-        ttft_s=0.04,
-        prompt_tokens=11,
-        completion_tokens=7,
+        RequestOutcome(
+            request_id="t",
+            endpoint="chat",
+            model="acme/metrics-a",
+            worker_id="gpu-a",
+            status=200,
+            latency=0.3,
+            ttft=0.04,
+            prompt_tokens=11,
+            completion_tokens=7,
+        )
     )
-    observe_request(endpoint="chat", model="acme/metrics-a", worker_id="gpu-a", status=502, latency_s=2.5)
+    observe_request(
+        RequestOutcome(
+            request_id="t", endpoint="chat", model="acme/metrics-a", worker_id="gpu-a", status=502, latency=2.5
+        )
+    )
     response = Client().get("/metrics")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
     after = samples(response.content.decode())
@@ -64,7 +72,11 @@ def test_it_counts_requests_latency_ttft_and_tokens():
 @pytest.mark.django_db
 def test_labels_stay_bounded():
     """A made-up model name from a rejected request never becomes a label; no ids at all."""
-    observe_request(endpoint="chat", model="junk-<random-1234>", worker_id="", status=404, latency_s=0.001)
+    observe_request(
+        RequestOutcome(
+            request_id="t", endpoint="chat", model="junk-<random-1234>", worker_id="", status=404, latency=0.001
+        )
+    )
     text = Client().get("/metrics").content.decode()
     assert "junk-" not in text
     for family in text_string_to_metric_families(text):
@@ -102,21 +114,28 @@ def test_it_reports_workers_and_reservations_at_scrape_time():
 
 
 def test_observe_request_is_cheap():
-    observe_request(endpoint="chat", model="acme/fast", worker_id="gpu-f", status=200, latency_s=0.1, ttft_s=0.01)
+    observe_request(
+        RequestOutcome(
+            request_id="t", endpoint="chat", model="acme/fast", worker_id="gpu-f", status=200, latency=0.1, ttft=0.01
+        )
+    )
     n = 10_000
     batches = []
     for _ in range(3):  # best of three: the CI machine runs two test processes at once
         started = time.perf_counter()
         for _ in range(n):
             observe_request(
-                endpoint="chat",
-                model="acme/fast",
-                worker_id="gpu-f",
-                status=200,
-                latency_s=0.1,
-                ttft_s=0.01,
-                prompt_tokens=10,
-                completion_tokens=20,
+                RequestOutcome(
+                    request_id="t",
+                    endpoint="chat",
+                    model="acme/fast",
+                    worker_id="gpu-f",
+                    status=200,
+                    latency=0.1,
+                    ttft=0.01,
+                    prompt_tokens=10,
+                    completion_tokens=20,
+                )
             )
         batches.append((time.perf_counter() - started) / n * 1e6)
     per_call_us = min(batches)
@@ -127,17 +146,19 @@ def test_observe_request_is_cheap():
 def test_request_log_is_one_json_line_without_secrets(caplog):
     with caplog.at_level(logging.INFO, logger="speedinfer.requests"):
         log_request(
-            request_id="req-abc",
-            account_id=7,
-            key_prefix="sk-si-abcdefabcdef",
-            endpoint="chat",
-            model="acme/m",
-            worker_id="gpu-1",
-            status=200,
-            latency_ms=123,
-            ttft_ms=45,
-            prompt_tokens=10,
-            completion_tokens=5,
+            RequestOutcome(
+                request_id="req-abc",
+                account_id=7,
+                key_prefix="sk-si-abcdefabcdef",
+                endpoint="chat",
+                model="acme/m",
+                worker_id="gpu-1",
+                status=200,
+                latency=0.123,
+                ttft=0.045,
+                prompt_tokens=10,
+                completion_tokens=5,
+            )
         )
     records = [r for r in caplog.records if r.name == "speedinfer.requests"]
     assert len(records) == 1
@@ -149,6 +170,6 @@ def test_request_log_is_one_json_line_without_secrets(caplog):
     assert (data["prompt_tokens"], data["completion_tokens"]) == (10, 5)
     assert set(data) >= {"request_id", "account", "model", "worker", "status", "latency_ms", "prompt_tokens"}
     line2 = request_log_line(
-        request_id="r", account_id=None, endpoint="", model="", worker_id="", status=401, latency_ms=1
+        RequestOutcome(request_id="r", account_id=None, endpoint="", model="", worker_id="", status=401, latency=0.001)
     )
     assert json.loads(line2)["account"] is None

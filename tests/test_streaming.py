@@ -11,8 +11,9 @@ import orjson
 import pytest
 
 from accounts.models import Account
-from billing.models import MICRO, Reservation, UsageRecord
+from billing.models import Reservation, UsageRecord
 from billing.selectors import ledger_totals
+from core.credits import MICRO
 from tests.factories import make_account, make_key, make_model
 from tests.servers import register_worker
 from workers.models import Worker

@@ -148,7 +148,7 @@ def test_admin_actions_disable_enable_reset_and_probe(admin_client_):
 def test_staff_changes_to_workers_are_audited_with_who_and_never_the_key(admin_client_, django_user_model):
     from django.test import Client
 
-    from accounts.models import AuditLog
+    from core.models import AuditLog
 
     django_user_model.objects.create_user(username="ops", password=PASSWORD, is_staff=True)
     staff = Client()

@@ -176,7 +176,7 @@ def test_a_cooled_down_worker_is_offered_once_as_the_trial_then_closes_on_succes
     assert first == ["b", "a"]  # the trial goes first
     assert second == ["a"]  # and only to one request
     assert state("b") == "half_open"
-    arun(circuit.record_success("b"))
+    arun(routing.record_success("b"))
     assert state("b") == "closed"
     assert sorted(eligible()) == ["a", "b"]
 
@@ -220,10 +220,10 @@ def test_record_success_is_free_when_closed_and_failures_are_counted_by_the_call
     assert eligible() == ["a"]
     # Another process's failure, not yet in this process's snapshot: success writes nothing.
     Worker.objects.filter(worker_id="a").update(consecutive_failures=1)
-    arun(circuit.record_success("a"))
+    arun(routing.record_success("a"))
     assert Worker.objects.get(worker_id="a").consecutive_failures == 1
     # This process's own failure is seen at once, and the next success clears it.
-    arun(circuit.record_failure("a", reason="timeout"))
+    arun(routing.record_failure("a", reason="timeout"))
     assert state("a") == "open"
 
     async def pick() -> list[str]:

@@ -8,9 +8,9 @@ import socket
 import httpx
 import pytest
 
-from workers.errors import RuntimeUsageUnavailable, TritonInferenceFailed, UpstreamError, UpstreamTimeout
-from workers.routing import WorkerView
-from workers.triton import (
+from runtimes.errors import RuntimeUsageUnavailable, TritonInferenceFailed, UpstreamError, UpstreamTimeout
+from runtimes.target import WorkerTarget
+from runtimes.triton import (
     TritonResult,
     render_chat_prompt,
     triton_infer,
@@ -29,8 +29,8 @@ NAMES = {
 }
 
 
-def view(endpoint: str, model_name: str = "text_generation", **config) -> WorkerView:
-    return WorkerView(
+def view(endpoint: str, model_name: str = "text_generation", **config) -> WorkerTarget:
+    return WorkerTarget(
         pk=1,
         worker_id="triton-test",
         runtime="triton",
@@ -40,7 +40,7 @@ def view(endpoint: str, model_name: str = "text_generation", **config) -> Worker
     )
 
 
-def infer(worker: WorkerView, prompt: str, max_tokens: int = 16) -> TritonResult:
+def infer(worker: WorkerTarget, prompt: str, max_tokens: int = 16) -> TritonResult:
     return asyncio.run(triton_infer(worker=worker, prompt=prompt, max_tokens=max_tokens))
 
 

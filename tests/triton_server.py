@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from workers.tritonserver import TRITON_VENV, TritonServer, triton_installed
+from devtools.tritonserver import TRITON_VENV, TritonServer, triton_installed
 
 __all__ = ["TritonServer", "triton_installed"]
 

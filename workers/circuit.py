@@ -10,19 +10,19 @@ the probe loop and the Celery workers alike, on PostgreSQL and on the embedded
 SQLite. Every transition is one conditional UPDATE: each reads the old row
 values in its own SET/WHERE, so two processes can't both open, or both claim
 the half-open trial (the row count says who won). Gateways learn the state from
-workers.routing's per-process snapshot, not from the database per request.
+workers.routing's per-process snapshot, not from the database per request; routing wraps
+these transitions for the event loop and notes its own in the snapshot at once.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Case, DateTimeField, F, Q, Value, When
 from django.utils import timezone
 
-from speedinfer.db import db_call
 from workers.models import Worker
 
 log = logging.getLogger("speedinfer.circuit")
@@ -31,10 +31,26 @@ OPEN = Worker.Circuit.OPEN
 HALF_OPEN = Worker.Circuit.HALF_OPEN
 
 
-def _trial_ttl() -> timedelta:
+def trial_ttl() -> timedelta:
     # A claimed trial whose process died must not keep the worker out forever; a live trial
     # can legitimately take as long as a read timeout.
     return timedelta(seconds=max(settings.SPEEDINFER_CIRCUIT_COOLDOWN, settings.SPEEDINFER_UPSTREAM_READ_TIMEOUT))
+
+
+def _trial_cutoffs(now: datetime) -> tuple[datetime, datetime]:
+    """(opened before this: cooled down, claimed before this: the trial's claimant is presumed dead)."""
+    return now - timedelta(seconds=settings.SPEEDINFER_CIRCUIT_COOLDOWN), now - trial_ttl()
+
+
+def trial_due(*, state: str, opened_at: datetime | None, claimed_at: datetime | None, now: datetime) -> bool:
+    """Whether a half-open trial may be claimed now: the one rule, used by routing's snapshot and
+    (as the same cutoffs in SQL) by claim_trial_sync."""
+    cooled, stale = _trial_cutoffs(now)
+    if state == OPEN:
+        return opened_at is None or opened_at <= cooled
+    if state == HALF_OPEN:
+        return claimed_at is None or claimed_at <= stale
+    return False
 
 
 def circuit_state_sync(worker_id: str) -> tuple[str, int]:
@@ -42,9 +58,9 @@ def circuit_state_sync(worker_id: str) -> tuple[str, int]:
     return (str(row[0]), int(row[1])) if row else (CLOSED, 0)
 
 
-def record_failure_sync(worker_id: str, *, reason: str) -> str:
+def record_failure_sync(worker_id: str, *, reason: str) -> tuple[str, int]:
     """Count one failure; opens the circuit at the threshold, or re-opens it when the half-open trial failed.
-    Returns the state after."""
+    Returns the state and failure count after."""
     now = timezone.now()
     opens = Q(circuit_state=HALF_OPEN) | Q(
         circuit_state=CLOSED, consecutive_failures__gte=settings.SPEEDINFER_CIRCUIT_FAILURE_THRESHOLD - 1
@@ -63,8 +79,7 @@ def record_failure_sync(worker_id: str, *, reason: str) -> str:
     state, failures = circuit_state_sync(worker_id)
     if state == OPEN:
         log.warning("worker %s circuit open after %d consecutive failures (%s)", worker_id, failures, reason)
-    _note_local(worker_id, state=state, failures=failures)
-    return state
+    return state, failures
 
 
 def record_success_sync(worker_id: str) -> None:
@@ -77,10 +92,9 @@ def record_success_sync(worker_id: str) -> None:
     )
     if updated:
         log.info("worker %s circuit closed", worker_id)
-    _note_local(worker_id, state=CLOSED, failures=0)
 
 
-def record_probe_success_sync(worker_id: str) -> None:
+def record_probe_success_sync(worker_id: str) -> bool:
     """A probe succeeded. Once the cooldown is over a probe serves as the trial, so a worker that came
     back is closed again without waiting for a customer's request to risk it."""
     cutoff = timezone.now() - timedelta(seconds=settings.SPEEDINFER_CIRCUIT_COOLDOWN)
@@ -91,15 +105,15 @@ def record_probe_success_sync(worker_id: str) -> None:
         .filter(eligible)
         .update(circuit_state=CLOSED, consecutive_failures=0, circuit_opened_at=None, half_open_claimed_at=None)
     )
-    if updated:
-        _note_local(worker_id, state=CLOSED, failures=0)
+    return updated == 1
 
 
 def claim_trial_sync(worker_id: str) -> bool:
     """Try to take the one half-open trial; True for exactly one caller across all processes."""
     now = timezone.now()
-    cooled = Q(circuit_state=OPEN, circuit_opened_at__lte=now - timedelta(seconds=settings.SPEEDINFER_CIRCUIT_COOLDOWN))
-    stale = Q(circuit_state=HALF_OPEN, half_open_claimed_at__lte=now - _trial_ttl())
+    cooled_cutoff, stale_cutoff = _trial_cutoffs(now)
+    cooled = Q(circuit_state=OPEN, circuit_opened_at__lte=cooled_cutoff)
+    stale = Q(circuit_state=HALF_OPEN, half_open_claimed_at__lte=stale_cutoff)
     won = (
         Worker.objects.filter(worker_id=worker_id)
         .filter(cooled | stale)
@@ -115,33 +129,3 @@ def reset_sync(worker_id: str) -> None:
     Worker.objects.filter(worker_id=worker_id).update(
         circuit_state=CLOSED, consecutive_failures=0, circuit_opened_at=None, half_open_claimed_at=None
     )
-    _note_local(worker_id, state=CLOSED, failures=0)
-
-
-def _note_local(worker_id: str, *, state: str, failures: int) -> None:
-    from workers import routing
-
-    routing.note_circuit(worker_id, state=state, failures=failures)
-
-
-async def record_success(worker_id: str) -> None:
-    """Called by the gateway after every successful upstream call: no I/O while the circuit is closed
-    with no failures (the common case), as this process's snapshot knows."""
-    from workers import routing
-
-    if routing.circuit_is_clean(worker_id):
-        return
-    await db_call(record_success_sync)(worker_id)
-
-
-async def record_failure(worker_id: str, *, reason: str) -> None:
-    """Called by the gateway after an upstream connection error, timeout or 5xx."""
-    await db_call(record_failure_sync)(worker_id, reason=reason)
-
-
-async def claim_trial(worker_id: str) -> bool:
-    return await db_call(claim_trial_sync)(worker_id)
-
-
-async def reset(worker_id: str) -> None:
-    await db_call(reset_sync)(worker_id)

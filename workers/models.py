@@ -3,6 +3,8 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from runtimes.target import WorkerTarget
+
 
 class Worker(models.Model):
     """A connected GPU worker, registered from the spec's JSON.
@@ -55,3 +57,15 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+    def target(self) -> WorkerTarget:
+        """What a runtime client needs to call this worker (holds the endpoint: never logged or shown)."""
+        return WorkerTarget(
+            pk=self.pk,
+            worker_id=self.worker_id,
+            runtime=self.runtime,
+            transport=self.transport,
+            endpoint=self.runtime_endpoint.rstrip("/"),
+            runtime_config=dict(self.runtime_config),
+            upstream_api_key=self.upstream_api_key,
+        )

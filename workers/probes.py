@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import httpx
 from django.conf import settings
 
-from workers.errors import WorkerError
+from runtimes.errors import WorkerError
+from runtimes.openai import openai_models
+from runtimes.target import WorkerTarget
+from runtimes.triton import triton_model_ready, triton_repository_index, triton_server_ready
 from workers.models import Worker
-from workers.openai_compat import openai_models
-from workers.routing import WorkerView, worker_view
-from workers.triton import triton_model_ready, triton_repository_index, triton_server_ready
 
 log = logging.getLogger("speedinfer.probes")
 
@@ -35,12 +35,12 @@ class ProbeResult:
 
 @dataclass(frozen=True)
 class ProbeTarget:
-    view: WorkerView
+    view: WorkerTarget
     supported_models: list[str]
 
 
 def probe_target(worker: Worker) -> ProbeTarget:
-    return ProbeTarget(view=worker_view(worker), supported_models=list(worker.supported_models))
+    return ProbeTarget(view=worker.target(), supported_models=list(worker.supported_models))
 
 
 def _timeout() -> httpx.Timeout:

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 
-from billing.models import PublicModel
+from catalog.models import PublicModel
 
 RUNTIMES = ("triton", "tensorrt-llm", "cuda")
 TRANSPORTS = ("triton", "openai")

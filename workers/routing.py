@@ -6,8 +6,8 @@ at most every SPEEDINFER_ROUTING_CACHE_TTL seconds (one query, shared by all
 coroutines of the process). The database is touched on the request path only to
 claim a half-open trial, at most once per worker per refresh in a process.
 
-Load is spread by a per-process in-flight count: the gateway wraps each upstream
-call in `async with in_flight(worker.worker_id):` and takes the first worker.
+Load is spread by a per-process in-flight count: the gateway counts each upstream
+call with acquire()/release() and takes the first worker.
 """
 
 from __future__ import annotations
@@ -17,54 +17,21 @@ import concurrent.futures
 import random
 import time
 import weakref
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from django.utils import timezone
 
-from speedinfer.db import db_call
-
-if TYPE_CHECKING:
-    from workers.models import Worker
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerView:
-    """What the gateway needs to call a worker. Never logged or shown: it holds the endpoint."""
-
-    pk: int
-    worker_id: str
-    runtime: str
-    transport: str  # "triton" or "openai"
-    endpoint: str  # runtime_endpoint, without a trailing slash
-    runtime_config: dict[str, Any] = field(default_factory=dict)
-    upstream_api_key: str = ""
-
-    def upstream_model(self, public_model_id: str) -> str:
-        """The model id the worker knows for a public id (runtime_config.model_map, else the same)."""
-        mapping = self.runtime_config.get("model_map") or {}
-        return str(mapping.get(public_model_id, public_model_id))
-
-
-def worker_view(worker: Worker) -> WorkerView:
-    return WorkerView(
-        pk=worker.pk,
-        worker_id=worker.worker_id,
-        runtime=worker.runtime,
-        transport=worker.transport,
-        endpoint=worker.runtime_endpoint.rstrip("/"),
-        runtime_config=dict(worker.runtime_config),
-        upstream_api_key=worker.upstream_api_key,
-    )
+from core.db import db_call
+from runtimes.target import WorkerTarget
+from workers import circuit
+from workers.models import Worker
 
 
 @dataclass(slots=True)
 class _Entry:
-    view: WorkerView
+    view: WorkerTarget
     models: frozenset[str]
     ready_models: frozenset[str]
     healthy: bool
@@ -87,13 +54,11 @@ _in_flight: dict[str, int] = {}
 
 
 def _load() -> _Snapshot:
-    from workers.models import Worker
-
     entries: dict[str, _Entry] = {}
     for w in Worker.objects.filter(enabled=True):
         readiness = w.model_readiness or {}
         entries[w.worker_id] = _Entry(
-            view=worker_view(w),
+            view=w.target(),
             models=frozenset(w.supported_models),
             ready_models=frozenset(m for m, ok in readiness.items() if ok),
             healthy=w.healthy,
@@ -188,25 +153,16 @@ def _serves(entry: _Entry, model_id: str) -> bool:
 
 
 def _trial_due(entry: _Entry, now: datetime) -> bool:
-    from workers.circuit import _trial_ttl
-
-    if entry.circuit == "open":
-        cooldown = timedelta(seconds=settings.SPEEDINFER_CIRCUIT_COOLDOWN)
-        return entry.opened_at is None or entry.opened_at <= now - cooldown
-    if entry.circuit == "half_open":
-        return entry.claimed_at is None or entry.claimed_at <= now - _trial_ttl()
-    return False
+    return circuit.trial_due(state=entry.circuit, opened_at=entry.opened_at, claimed_at=entry.claimed_at, now=now)
 
 
-async def eligible_workers(model_id: str) -> list[WorkerView]:
+async def eligible_workers(model_id: str) -> list[WorkerTarget]:
     """Enabled, healthy, circuit closed (or this caller won the half-open trial), declaring
     `model_id`, and with that model ready; ordered by preference (least in-flight first)."""
-    from workers.circuit import claim_trial
-
     snap = await _current()
     now = timezone.now()
     closed: list[_Entry] = []
-    trials: list[WorkerView] = []
+    trials: list[WorkerTarget] = []
     for entry in snap.entries.values():
         if not _serves(entry, model_id):
             continue
@@ -215,7 +171,7 @@ async def eligible_workers(model_id: str) -> list[WorkerView]:
         elif _trial_due(entry, now):
             # Whoever loses, this process stops asking until the next refresh shows the outcome.
             entry.circuit, entry.claimed_at = "half_open", now
-            if await claim_trial(entry.view.worker_id):
+            if await db_call(circuit.claim_trial_sync)(entry.view.worker_id):
                 trials.append(entry.view)
     random.shuffle(closed)  # ties in load go to a random worker, not always the first registered
     closed.sort(key=lambda e: _in_flight.get(e.view.worker_id, 0))
@@ -252,11 +208,16 @@ def release(worker_id: str) -> None:
         _in_flight.pop(worker_id, None)
 
 
-@asynccontextmanager
-async def in_flight(worker_id: str) -> AsyncIterator[None]:
-    """Count one upstream call against the worker for load spreading, for its whole duration."""
-    acquire(worker_id)
-    try:
-        yield
-    finally:
-        release(worker_id)
+async def record_success(worker_id: str) -> None:
+    """After every successful upstream call: no I/O while the circuit is closed with no failures
+    (the common case), as this process's snapshot knows."""
+    if circuit_is_clean(worker_id):
+        return
+    await db_call(circuit.record_success_sync)(worker_id)
+    note_circuit(worker_id, state=circuit.CLOSED, failures=0)
+
+
+async def record_failure(worker_id: str, *, reason: str) -> None:
+    """After an upstream connection error, timeout or 5xx."""
+    state, failures = await db_call(circuit.record_failure_sync)(worker_id, reason=reason)
+    note_circuit(worker_id, state=state, failures=failures)

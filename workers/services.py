@@ -15,6 +15,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from core.audit import audit_record
 from workers import circuit
 from workers.models import Worker
 from workers.probes import ProbeResult, probe_target, probe_targets
@@ -26,8 +27,6 @@ def _audit(actor: object, action: str, worker: Worker | str, **detail: Any) -> N
 
     `actor` empty means a change made by the system itself (the demo's seeding), not audited."""
     if actor:
-        from accounts.services import audit_record
-
         audit_record(actor=actor, action=action, target=worker, detail=detail)
 
 

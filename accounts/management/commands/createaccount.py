@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from accounts.services import account_create, account_user_create
-from speedinfer.commands import SpeedInferCommand
+from core.commands import SpeedInferCommand
 
 
 class Command(SpeedInferCommand):

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from accounts.selectors import account_resolve
 from accounts.services import api_key_create
-from speedinfer.commands import SpeedInferCommand
+from core.commands import SpeedInferCommand
 
 
 def _csv(value: str | None) -> list[str] | None:

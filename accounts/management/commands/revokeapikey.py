@@ -7,7 +7,7 @@ from django.core.management.base import CommandError
 
 from accounts.selectors import api_key_resolve
 from accounts.services import api_key_revoke
-from speedinfer.commands import SpeedInferCommand
+from core.commands import SpeedInferCommand
 
 
 class Command(SpeedInferCommand):

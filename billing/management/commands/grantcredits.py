@@ -6,9 +6,9 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from accounts.selectors import account_resolve
-from billing.pricing import AmountError, format_credits, parse_credits
 from billing.services import InsufficientCredits, InvalidAmount, credits_grant
-from speedinfer.commands import SpeedInferCommand
+from core.commands import SpeedInferCommand
+from core.credits import AmountError, format_credits, parse_credits
 
 
 class Command(SpeedInferCommand):

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 
 from billing.services import reservations_expire
-from speedinfer.commands import SpeedInferCommand
+from core.commands import SpeedInferCommand
 
 
 class Command(SpeedInferCommand):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from speedinfer.commands import SpeedInferCommand
+from core.commands import SpeedInferCommand
 from workers.selectors import workers_enabled
 from workers.services import workers_probe
 

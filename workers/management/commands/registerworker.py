@@ -8,7 +8,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
 
-from speedinfer.commands import SpeedInferCommand, _one_line
+from core.commands import SpeedInferCommand, _one_line
 from workers.services import worker_register
 
 

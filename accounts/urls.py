@@ -1,7 +1,0 @@
-from __future__ import annotations
-
-from django.urls import URLPattern, URLResolver, include, path
-
-urlpatterns: list[URLPattern | URLResolver] = [
-    path("dashboard/", include("accounts.dashboard.urls")),
-]

@@ -1,0 +1,170 @@
+"""The ORM money engine: the embedded SQLite's (and any non-PostgreSQL database's) reserve, settle,
+release and expire, as short transactions. billing.services chooses it; billing.ledger_sql is the
+PostgreSQL engine with the same invariants in single statements.
+
+Each operation changes the account row with a conditional UPDATE (never read-then-write), claims a
+reservation's state change with a conditional UPDATE and a row-count check, and appends a ledger row
+with the balances after. No network I/O happens inside these transactions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from accounts.models import Account
+from billing.models import LedgerEntry, Reservation, UsageRecord
+from billing.pricing import cost_of
+
+
+def ledger_append(
+    *,
+    account_id: int,
+    kind: str,
+    amount: int,
+    available_delta: int,
+    reserved_delta: int,
+    reference: str = "",
+    actor: str = "",
+    note: str = "",
+) -> LedgerEntry:
+    """Append a ledger row with the balances after; call inside the transaction that changed them."""
+    # Our UPDATE holds the account row's lock until commit, so this read sees
+    # exactly the balances our change produced.
+    available, reserved = Account.objects.filter(pk=account_id).values_list("available", "reserved").get()
+    return LedgerEntry.objects.create(
+        account_id=account_id,
+        kind=kind,
+        amount=amount,
+        available_delta=available_delta,
+        reserved_delta=reserved_delta,
+        available_after=available,
+        reserved_after=reserved,
+        reference=reference,
+        actor=actor,
+        note=note,
+    )
+
+
+def reserve(reservation: Reservation) -> bool:
+    """Hold reservation.amount and save the reservation; False when it does not fit."""
+    amount = reservation.amount
+    with transaction.atomic(durable=True):
+        held_rows = Account.objects.filter(pk=reservation.account_id, available__gte=amount).update(
+            available=F("available") - amount, reserved=F("reserved") + amount
+        )
+        if held_rows != 1:
+            return False
+        reservation.save(force_insert=True)
+        ledger_append(
+            account_id=reservation.account_id,
+            kind=LedgerEntry.Kind.RESERVE,
+            amount=amount,
+            available_delta=-amount,
+            reserved_delta=amount,
+            reference=str(reservation.pk),
+            actor="gateway",
+        )
+    return True
+
+
+def _claim(reservation_id: UUID | str, status: str) -> Reservation | None:
+    """Move a held reservation to `status`; None when another path already closed it."""
+    claimed = Reservation.objects.filter(pk=reservation_id, status=Reservation.Status.HELD).update(
+        status=status, closed_at=timezone.now()
+    )
+    if claimed != 1:
+        return None
+    return Reservation.objects.get(pk=reservation_id)
+
+
+def _usage_create(reservation: Reservation, usage: dict[str, Any], **charge: Any) -> UsageRecord:
+    return UsageRecord.objects.create(
+        account_id=reservation.account_id,
+        api_key_id=reservation.api_key_id,
+        reservation=reservation,
+        request_id=reservation.request_id,
+        model_id=reservation.model_id,
+        reserved=reservation.amount,
+        **usage,
+        **charge,
+    )
+
+
+def settle(
+    *, reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+) -> UsageRecord | None:
+    """Charge the cost of the counts, return the rest of the hold, append the usage row."""
+    with transaction.atomic(durable=True):
+        reservation = _claim(reservation_id, Reservation.Status.SETTLED)
+        if reservation is None:
+            return None
+        cost = cost_of(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            input_price=reservation.input_price,
+            output_price=reservation.output_price,
+        )
+        Account.objects.filter(pk=reservation.account_id).update(
+            available=F("available") + reservation.amount - cost, reserved=F("reserved") - reservation.amount
+        )
+        ledger_append(
+            account_id=reservation.account_id,
+            kind=LedgerEntry.Kind.SETTLE,
+            amount=cost,
+            available_delta=reservation.amount - cost,
+            reserved_delta=-reservation.amount,
+            reference=str(reservation.pk),
+            actor="gateway",
+        )
+        record = _usage_create(
+            reservation,
+            usage,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cost=cost,
+            overrun=max(0, cost - reservation.amount),
+        )
+    return record
+
+
+def return_held(reservation: Reservation, *, kind: str, actor: str, note: str = "") -> None:
+    Account.objects.filter(pk=reservation.account_id).update(
+        available=F("available") + reservation.amount, reserved=F("reserved") - reservation.amount
+    )
+    ledger_append(
+        account_id=reservation.account_id,
+        kind=kind,
+        amount=reservation.amount,
+        available_delta=reservation.amount,
+        reserved_delta=-reservation.amount,
+        reference=str(reservation.pk),
+        actor=actor,
+        note=note,
+    )
+
+
+def release(*, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None) -> UsageRecord | None:
+    """Return the whole hold; with `usage`, append a zero-cost usage row (a failed request stays visible)."""
+    with transaction.atomic(durable=True):
+        reservation = _claim(reservation_id, Reservation.Status.RELEASED)
+        if reservation is None:
+            return None
+        return_held(reservation, kind=LedgerEntry.Kind.RELEASE, actor="gateway", note=note)
+        if usage is None:
+            return None
+        return _usage_create(reservation, usage)
+
+
+def expire(reservation_id: UUID | str, *, note: str) -> bool:
+    """The sweeper's release of one reservation whose process died; False when it was closed meanwhile."""
+    with transaction.atomic(durable=True):
+        reservation = _claim(reservation_id, Reservation.Status.EXPIRED)
+        if reservation is None:
+            return False
+        return_held(reservation, kind=LedgerEntry.Kind.EXPIRE, actor="sweeper", note=note)
+    return True

@@ -1,0 +1,72 @@
+"""Forms of the customer dashboard. They only parse input; views call services."""
+
+from __future__ import annotations
+
+from datetime import date, datetime, time, timedelta
+from typing import Any
+
+from django import forms
+from django.utils import timezone
+
+from accounts.models import DEFAULT_SCOPES
+from catalog.models import PublicModel
+
+# Customers never get the `admin` scope: it opens the staff API.
+CUSTOMER_SCOPES = [(scope, scope) for scope in DEFAULT_SCOPES]
+MAX_RANGE_DAYS = 366
+DEFAULT_RANGE_DAYS = 30
+
+
+class UsageRangeForm(forms.Form):
+    start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        today = timezone.localdate()
+        end = cleaned.get("end") or today
+        start = cleaned.get("start") or end - timedelta(days=DEFAULT_RANGE_DAYS - 1)
+        if start > end:
+            raise forms.ValidationError("The start date must not be after the end date.")
+        if (end - start).days >= MAX_RANGE_DAYS:
+            raise forms.ValidationError(f"Choose at most {MAX_RANGE_DAYS} days.")
+        cleaned["start"], cleaned["end"] = start, end
+        return cleaned
+
+    def range(self) -> tuple[date, date]:
+        """The chosen range, or the default one when the input is invalid."""
+        if self.is_valid():
+            return self.cleaned_data["start"], self.cleaned_data["end"]
+        today = timezone.localdate()
+        return today - timedelta(days=DEFAULT_RANGE_DAYS - 1), today
+
+
+class ApiKeyCreateForm(forms.Form):
+    name = forms.CharField(max_length=100, required=False, help_text="Optional; a name helps you find it later.")
+    scopes = forms.MultipleChoiceField(
+        choices=CUSTOMER_SCOPES, initial=list(DEFAULT_SCOPES), widget=forms.CheckboxSelectMultiple
+    )
+    allowed_models = forms.MultipleChoiceField(
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Models",
+        help_text="Leave all unticked to allow every model.",
+    )
+    expires = forms.DateField(
+        required=False,
+        widget=forms.DateInput(attrs={"type": "date"}),
+        help_text="Optional; the key stops at 00:00 UTC.",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        model_ids = PublicModel.objects.filter(enabled=True).values_list("model_id", flat=True)
+        self.fields["allowed_models"].choices = [(m, m) for m in model_ids]  # type: ignore[attr-defined]
+
+    def clean_expires(self) -> datetime | None:
+        day: date | None = self.cleaned_data.get("expires")
+        if day is None:
+            return None
+        if day <= timezone.localdate():
+            raise forms.ValidationError("Choose a date after today.")
+        return datetime.combine(day, time.min, tzinfo=timezone.get_current_timezone())

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from console.dashboard import views
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("usage/", views.usage, name="usage"),
+    path("usage.csv", views.usage_csv, name="usage_csv"),
+    path("keys/", views.keys, name="keys"),
+    path("keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
+]

@@ -1,0 +1,194 @@
+"""The customer dashboard: a signed-in user sees and changes only their own account."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from accounts.models import Account, ApiKey
+from accounts.services import api_key_create, api_key_revoke
+from console.dashboard.forms import ApiKeyCreateForm, UsageRangeForm
+from console.dashboard.selectors import (
+    account_for_user,
+    api_keys_owned,
+    dashboard_summary,
+    usage_by_day_and_model,
+    usage_records,
+    usage_records_iter,
+)
+from core.credits import format_credits
+
+RECENT_ROWS = 50
+
+
+def _account(request: HttpRequest) -> Account | HttpResponse:
+    account = account_for_user(user=request.user)
+    if account is None:
+        return render(request, "dashboard/no_account.html", status=403)
+    return account
+
+
+@require_GET
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    account = _account(request)
+    if isinstance(account, HttpResponse):
+        return account
+    summary = dashboard_summary(account=account)
+    recent = list(usage_records(account=account)[:10])
+    return render(request, "dashboard/home.html", {"account": account, "summary": summary, "recent": recent})
+
+
+def _chart_data(rows: list[Any], start: Any, end: Any) -> dict[str, Any]:
+    """Per-day series per model, for Chart.js; days without usage are zeros."""
+    from datetime import timedelta
+
+    days = [start + timedelta(days=i) for i in range((end - start).days + 1)]
+    index = {day: i for i, day in enumerate(days)}
+    tokens: dict[str, list[int]] = {}
+    cost: dict[str, list[float]] = {}
+    for row in rows:
+        i = index.get(row.day)
+        if i is None:
+            continue
+        tokens.setdefault(row.model_id, [0] * len(days))[i] += row.tokens
+        # Charts plot floats; exact amounts are in the table and CSV.
+        cost.setdefault(row.model_id, [0.0] * len(days))[i] += float(format_credits(row.cost))
+    return {"days": [d.isoformat() for d in days], "tokens": tokens, "cost": cost}
+
+
+@require_GET
+@login_required
+def usage(request: HttpRequest) -> HttpResponse:
+    account = _account(request)
+    if isinstance(account, HttpResponse):
+        return account
+    form = UsageRangeForm(request.GET or None)
+    start, end = form.range()
+    rows = usage_by_day_and_model(account=account, start=start, end=end)
+    per_model: dict[str, dict[str, int]] = {}
+    for row in rows:
+        totals = per_model.setdefault(row.model_id, {"requests": 0, "prompt": 0, "completion": 0, "cost": 0})
+        totals["requests"] += row.requests
+        totals["prompt"] += row.prompt_tokens
+        totals["completion"] += row.completion_tokens
+        totals["cost"] += row.cost
+    context = {
+        "account": account,
+        "form": form,
+        "start": start,
+        "end": end,
+        "per_model": sorted(per_model.items()),
+        "chart": _chart_data(rows, start, end),
+        "recent": list(usage_records(account=account, start=start, end=end)[:RECENT_ROWS]),
+        "csv_query": f"start={start.isoformat()}&end={end.isoformat()}",
+    }
+    return render(request, "dashboard/usage.html", context)
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+CSV_HEADER = [
+    "created_at",
+    "request_id",
+    "key",
+    "model",
+    "endpoint",
+    "status",
+    "error_code",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_credits",
+    "latency_ms",
+    "ttft_ms",
+    "streamed",
+]
+
+
+def usage_csv_rows(records: Iterator[Any]) -> Iterator[list[Any]]:
+    yield CSV_HEADER
+    for r in records:
+        yield [
+            r.created_at.isoformat(),
+            r.request_id,
+            r.api_key.prefix if r.api_key else "",
+            r.model_id,
+            r.endpoint,
+            r.status,
+            r.error_code,
+            r.prompt_tokens,
+            r.completion_tokens,
+            format_credits(r.cost),
+            r.latency_ms,
+            "" if r.ttft_ms is None else r.ttft_ms,
+            "yes" if r.streamed else "no",
+        ]
+
+
+@require_GET
+@login_required
+def usage_csv(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    account = _account(request)
+    if isinstance(account, HttpResponse):
+        return account
+    start, end = UsageRangeForm(request.GET or None).range()
+    writer = csv.writer(_Echo())
+    body = (writer.writerow(row) for row in usage_csv_rows(usage_records_iter(account=account, start=start, end=end)))
+    response = StreamingHttpResponse(body, content_type="text/csv")
+    response["Content-Disposition"] = f'attachment; filename="usage-{start}-{end}.csv"'
+    return response
+
+
+@login_required
+def keys(request: HttpRequest) -> HttpResponse:
+    account = _account(request)
+    if isinstance(account, HttpResponse):
+        return account
+    form = ApiKeyCreateForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            created = api_key_create(
+                account=account,
+                name=form.cleaned_data["name"],
+                scopes=form.cleaned_data["scopes"],
+                allowed_models=form.cleaned_data["allowed_models"],
+                expires_at=form.cleaned_data["expires"],
+                actor=request.user,
+                via="dashboard",
+            )
+        except ValidationError as exc:
+            for message in exc.messages:
+                form.add_error(None, message)
+        else:
+            # The secret is in this one response only: no redirect, never stored.
+            response = render(request, "dashboard/key_created.html", {"account": account, "created": created})
+            response["Cache-Control"] = "no-store"
+            return response
+    status = 400 if request.method == "POST" else 200
+    context = {"account": account, "form": form, "keys": api_keys_owned(account=account)}
+    return render(request, "dashboard/keys.html", context, status=status)
+
+
+@require_POST
+@login_required
+def key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
+    account = _account(request)
+    if isinstance(account, HttpResponse):
+        return account
+    api_key = get_object_or_404(ApiKey, pk=key_id, account=account)
+    if api_key.revoked_at is None:
+        api_key_revoke(api_key=api_key, actor=request.user, via="dashboard")
+        messages.success(request, f"Revoked {api_key.name} ({api_key.prefix}).")
+    return HttpResponseRedirect(reverse("dashboard:keys"))

@@ -1,0 +1,34 @@
+"""Credits at the edges: micro-credits (the integer every balance and price is kept in) to and from decimal strings."""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+MICRO = 1_000_000  # micro-credits per credit
+
+
+class AmountError(ValueError):
+    pass
+
+
+def parse_credits(text: str, *, field: str = "amount", allow_negative: bool = False) -> int:
+    """A decimal string of credits (at most 6 decimals) to micro-credits."""
+    try:
+        value = Decimal(text.strip())
+    except (InvalidOperation, AttributeError):
+        raise AmountError(f"{field}: not a decimal number: {text!r}") from None
+    if not value.is_finite():
+        raise AmountError(f"{field}: not a finite number: {text!r}")
+    micro = value * MICRO
+    if micro != micro.to_integral_value():
+        raise AmountError(f"{field}: at most 6 decimal places: {text!r}")
+    if micro < 0 and not allow_negative:
+        raise AmountError(f"{field}: must not be negative: {text!r}")
+    if abs(micro) >= 10**18:
+        raise AmountError(f"{field}: too large: {text!r}")
+    return int(micro)
+
+
+def format_credits(micro: int) -> str:
+    """Micro-credits as a decimal string of credits with six decimals."""
+    return str((Decimal(micro) / MICRO).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP))

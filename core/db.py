@@ -1,0 +1,35 @@
+"""Database calls from the /v1 event loop.
+
+The lean /v1 app runs no Django request cycle, so nothing would call
+close_old_connections() for it, and a connection broken once (PostgreSQL
+restarted, a connection killed) would fail every later call on its thread.
+`db_call` does what Django does at the start of a request, before each call:
+close a connection that erred or outlived CONN_MAX_AGE, and with
+CONN_HEALTH_CHECKS check it on first use. These calls are off the hot path (a
+warm request's key, models and workers come from memory, and its money
+statements from core.pgpool), so the check's round trip costs little.
+Calls run on the loop's thread pool rather than asgiref's single
+"thread-sensitive" thread, so concurrent cold requests do not queue behind
+each other; each call is self-contained.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.db import connection
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def db_call(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
+    @functools.wraps(func)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        connection.close_if_unusable_or_obsolete()
+        return func(*args, **kwargs)
+
+    return sync_to_async(run, thread_sensitive=False)

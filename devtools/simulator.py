@@ -1,0 +1,329 @@
+"""A small, fast OpenAI-compatible worker: the demo's GPU worker, the tests' upstream and the benchmark's.
+
+    python -m devtools.simulator --port 8100 [--latency-ms 20] [--deltas 16] [--delay-ms 0] [--model acme/model-1]
+
+It serves GET /v1/models, POST /v1/chat/completions and POST /v1/completions,
+streaming and not, with `usage` (prompt tokens counted as whitespace-separated
+words, one completion token per delta) and `stream_options.include_usage`.
+
+Misbehaviour for tests is asked for per request by a directive anywhere in the
+prompt text, e.g. "[sim latency=50 deltas=8 delay=20 status=500 no-usage cut=3 hang]":
+
+- latency=MS   wait before answering (before the first byte)
+- deltas=N     completion tokens to produce (still capped by max_tokens)
+- delay=MS     wait between stream chunks
+- status=CODE  answer with that HTTP status and an OpenAI error body
+- no-usage     leave usage out (non-streaming: no field; streaming: no usage chunk)
+- cut=N        streaming: drop the connection after N content deltas
+- hang         never answer (for timeouts)
+
+The same knobs exist as constructor arguments / CLI flags for a whole worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+_DIRECTIVE = re.compile(r"\[sim([^\]]*)\]")
+_WORDS = ("Speed", "Infer", " routes", " every", " request", " to", " a", " healthy", " GPU", " worker", ".")
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    latency_ms: float = 0.0
+    deltas: int = 16
+    delay_ms: float = 0.0
+    status: int = 200
+    omit_usage: bool = False
+    cut_after: int | None = None
+    hang: bool = False
+
+
+@dataclass
+class SimulatorStats:
+    requests: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=200))
+    streams_finished: int = 0
+    streams_abandoned: int = 0  # the reader went away before the end: the gateway stopped the GPU
+
+
+def _texts(body: dict[str, Any]) -> list[str]:
+    if "messages" in body:
+        texts = []
+        for message in body.get("messages") or []:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str):
+                texts.append(content)
+            elif isinstance(content, list):
+                texts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        return texts
+    prompt = body.get("prompt", "")
+    return [prompt] if isinstance(prompt, str) else [str(p) for p in prompt]
+
+
+def _behaviour(base: Behaviour, texts: list[str]) -> Behaviour:
+    found = [m.group(1) for t in texts for m in _DIRECTIVE.finditer(t)]
+    if not found:
+        return base
+    changes: dict[str, Any] = {}
+    for word in " ".join(found).split():
+        name, _, value = word.partition("=")
+        if name == "latency":
+            changes["latency_ms"] = float(value)
+        elif name == "deltas":
+            changes["deltas"] = int(value)
+        elif name == "delay":
+            changes["delay_ms"] = float(value)
+        elif name == "status":
+            changes["status"] = int(value)
+        elif name == "no-usage":
+            changes["omit_usage"] = True
+        elif name == "cut":
+            changes["cut_after"] = int(value)
+        elif name == "hang":
+            changes["hang"] = True
+    return replace(base, **changes)
+
+
+class Simulator:
+    """The aiohttp application and its knobs; `SimulatorThread` runs one on a free port."""
+
+    def __init__(
+        self,
+        *,
+        models: tuple[str, ...] = ("acme/model-1",),
+        behaviour: Behaviour | None = None,
+        api_key: str = "",
+    ) -> None:
+        self.models = models
+        self.behaviour = behaviour or Behaviour()
+        self.api_key = api_key
+        self.stats = SimulatorStats()
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/v1/models", self.list_models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        return app
+
+    def _denied(self, request: web.Request) -> web.Response | None:
+        if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return _error(401, "invalid api key")
+        return None
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "simulator"} for m in self.models]
+        return _json(200, {"object": "list", "data": data})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _error(400, "body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "body must be an object")
+        self.stats.requests.append(
+            {"path": request.path, "authorization": request.headers.get("Authorization", ""), "body": body}
+        )
+        texts = _texts(body)
+        how = _behaviour(self.behaviour, texts)
+        if how.hang:
+            await asyncio.sleep(3600)
+        if how.latency_ms:
+            await asyncio.sleep(how.latency_ms / 1000)
+        if how.status != 200:
+            return _error(how.status, f"simulated failure {how.status}")
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        count = max(0, min(how.deltas, int(limit))) if limit else how.deltas
+        pieces = [_WORDS[i % len(_WORDS)] for i in range(count)]
+        usage = {
+            "prompt_tokens": sum(len(t.split()) for t in texts),
+            "completion_tokens": count,
+            "total_tokens": sum(len(t.split()) for t in texts) + count,
+        }
+        finish = "length" if limit and count >= int(limit) else "stop"
+        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        model = str(body.get("model", ""))
+        if body.get("stream"):
+            return await self._stream(request, body, how, chat, ident, model, pieces, usage, finish)
+        if chat:
+            answer: dict[str, Any] = {
+                "id": ident,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "".join(pieces)},
+                        "logprobs": None,
+                        "finish_reason": finish,
+                    }
+                ],
+            }
+        else:
+            answer = {
+                "id": ident,
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [{"index": 0, "text": "".join(pieces), "logprobs": None, "finish_reason": finish}],
+            }
+        if not how.omit_usage:
+            answer["usage"] = usage
+        return _json(200, answer)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        how: Behaviour,
+        chat: bool,
+        ident: str,
+        model: str,
+        pieces: list[str],
+        usage: dict[str, int],
+        finish: str,
+    ) -> web.StreamResponse:
+        options = body.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage")) and not how.omit_usage
+        created = int(time.time())
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choice: dict[str, Any] | None, *, with_usage: bool = False) -> bytes:
+            data: dict[str, Any] = {"id": ident, "object": kind, "created": created, "model": model}
+            data["choices"] = [choice] if choice is not None else []
+            if include_usage:
+                data["usage"] = usage if with_usage else None
+            return b"data: " + orjson.dumps(data) + b"\n\n"
+
+        def piece(text: str, finish_reason: str | None = None, *, role: bool = False) -> dict[str, Any]:
+            if not chat:
+                return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {}
+            if text and not role:
+                delta["content"] = text
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        try:
+            if chat:
+                await response.write(chunk(piece("", role=True)))
+            for i, text in enumerate(pieces):
+                if how.cut_after is not None and i >= how.cut_after:
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return response
+                if how.delay_ms:
+                    await asyncio.sleep(how.delay_ms / 1000)
+                await response.write(chunk(piece(text)))
+            await response.write(chunk(piece("", finish)))
+            if include_usage:
+                await response.write(chunk(None, with_usage=True))
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.stats.streams_abandoned += 1
+            raise
+        self.stats.streams_finished += 1
+        return response
+
+
+def _json(status: int, data: dict[str, Any]) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return _json(status, {"error": {"message": message, "type": "server_error", "code": None, "param": None}})
+
+
+class SimulatorThread:
+    """Runs a Simulator on 127.0.0.1 and a free port in a daemon thread (for tests and demos in-process)."""
+
+    def __init__(self, simulator: Simulator | None = None) -> None:
+        self.simulator = simulator or Simulator()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="worker-simulator", daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> SimulatorThread:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the worker simulator did not start")
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self._runner = web.AppRunner(self.simulator.app(), handler_cancellation=True, access_log=None)
+        self._loop.run_until_complete(self._runner.setup())
+        self._loop.run_until_complete(web.SockSite(self._runner, sock).start())
+        self._ready.set()
+        self._loop.run_forever()
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m devtools.simulator", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--model", action="append", help="a model id to list (repeatable; default acme/model-1)")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="wait before each answer")
+    parser.add_argument("--deltas", type=int, default=16, help="completion tokens per answer (capped by max_tokens)")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="wait between stream chunks")
+    parser.add_argument("--api-key", default="", help="require this bearer key")
+    args = parser.parse_args(argv)
+    simulator = Simulator(
+        models=tuple(args.model or ["acme/model-1"]),
+        behaviour=Behaviour(latency_ms=args.latency_ms, deltas=args.deltas, delay_ms=args.delay_ms),
+        api_key=args.api_key,
+    )
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
+        pass
+    web.run_app(simulator.app(), host=args.host, port=args.port, access_log=None, print=None, handler_cancellation=True)
+
+
+if __name__ == "__main__":
+    main()

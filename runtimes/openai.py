@@ -1,0 +1,116 @@
+"""OpenAI-compatible workers (transport `openai`: every `cuda` worker, TensorRT-LLM's OpenAI frontend).
+
+Chat and completions calls (plain and streaming) and model discovery for the probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import orjson
+
+from runtimes.errors import RuntimeUsageUnavailable, UpstreamError, http_failures
+from runtimes.http import get_client, worker_timeout, worker_total_timeout
+from runtimes.request import CHAT, CompletionParams, Usage, usage_from
+from runtimes.target import WorkerTarget
+
+
+def auth_headers(worker: WorkerTarget) -> dict[str, str]:
+    """The worker's own credential, when it has one (never logged)."""
+    return {"Authorization": f"Bearer {worker.upstream_api_key}"} if worker.upstream_api_key else {}
+
+
+async def openai_models(
+    *, worker: WorkerTarget, http_timeout: httpx.Timeout, client: httpx.AsyncClient | None = None
+) -> tuple[list[str] | None, str]:
+    """GET {endpoint}/models: (the model ids it serves, "") or (None, why) on a 4xx or an unreadable answer.
+
+    Raises UpstreamError/UpstreamTimeout when unreachable or on a 5xx (worker faults)."""
+    client = client or get_client()
+    with http_failures():
+        response = await client.get(f"{worker.endpoint}/models", headers=auth_headers(worker), timeout=http_timeout)
+    if response.status_code >= 500:
+        raise UpstreamError(f"/models answered {response.status_code}", detail=response.text[:500])
+    if response.status_code != 200:
+        return None, f"/models answered {response.status_code}"
+    try:
+        body = response.json()
+    except ValueError:
+        return None, "/models answered something that is not JSON"
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return None, "/models has no data list"
+    return [str(item["id"]) for item in data if isinstance(item, dict) and "id" in item], ""
+
+
+def _rejected(status: int, detail: str) -> UpstreamError:
+    error = UpstreamError(f"the worker failed (HTTP {status})", detail=detail[:500])
+    # A 4xx is the worker refusing this request, not the worker being sick.
+    error.counts_against_circuit = status >= 500
+    return error
+
+
+def _upstream_request(
+    worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
+) -> httpx.Request:
+    body = dict(params.body)
+    body["model"] = worker.upstream_model(params.model)
+    if body.get("max_completion_tokens") is not None:
+        body["max_completion_tokens"] = max_tokens
+    if body.get("max_tokens") is not None or body.get("max_completion_tokens") is None:
+        body["max_tokens"] = max_tokens
+    if params.stream:
+        # Settlement needs the final usage event whether or not the client asked for it.
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    headers = {"content-type": "application/json", "x-request-id": request_id, **auth_headers(worker)}
+    path = "/chat/completions" if params.endpoint == CHAT else "/completions"
+    return get_client().build_request(
+        "POST",
+        worker.endpoint + path,
+        content=orjson.dumps(body),
+        headers=headers,
+        timeout=worker_timeout(worker.runtime_config),
+    )
+
+
+async def openai_complete(
+    *, worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
+) -> tuple[dict[str, Any], Usage]:
+    """A non-streaming call: the worker's JSON answer (model id rewritten to the public one) and its usage."""
+    request = _upstream_request(worker, params, max_tokens, request_id)
+    with http_failures():
+        async with asyncio.timeout(worker_total_timeout(worker.runtime_config)):
+            response = await get_client().send(request)
+    if response.status_code != 200:
+        raise _rejected(response.status_code, response.text)
+    try:
+        data = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        raise UpstreamError("the worker's answer is not JSON", detail=response.text[:500]) from None
+    if not isinstance(data, dict):
+        raise UpstreamError("the worker's answer is not a JSON object")
+    usage = usage_from(data.get("usage"))
+    if usage is None:
+        raise RuntimeUsageUnavailable("the worker's answer has no usage; nothing was charged")
+    data["model"] = params.model
+    return data, usage
+
+
+async def openai_stream_open(
+    *, worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
+) -> httpx.Response:
+    """Start a streaming call; the caller must close the response (that stops the worker generating)."""
+    request = _upstream_request(worker, params, max_tokens, request_id)
+    with http_failures():
+        response = await get_client().send(request, stream=True)
+    if response.status_code != 200:
+        try:
+            detail = (await response.aread()).decode(errors="replace")
+        except httpx.HTTPError:
+            detail = ""
+        finally:
+            await response.aclose()
+        raise _rejected(response.status_code, detail)
+    return response

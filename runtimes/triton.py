@@ -1,0 +1,256 @@
+"""Triton Inference Server over HTTP/REST v2 (KServe protocol): readiness, discovery and inference.
+
+Shapes handled are the ones the real server answers (see README, Workers): empty
+bodies on readiness, `{"error": "..."}` on rejections with 400/404/500/501,
+flat `data` in answers though requests may nest it, BYTES as UTF-8 strings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from runtimes.errors import RuntimeUsageUnavailable, TritonInferenceFailed, UpstreamError, http_failures
+from runtimes.http import get_client, worker_timeout, worker_total_timeout
+from runtimes.request import CHAT, CompletionParams, Usage
+from runtimes.target import WorkerTarget
+
+DEFAULT_CHAT_TEMPLATE = {"prefix": "", "message": "{role}: {content}\n", "suffix": "assistant:"}
+
+
+@dataclass(frozen=True, slots=True)
+class TritonResult:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def _error_text(response: httpx.Response) -> str:
+    """Triton's own message: `{"error": "..."}`, or the raw body."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(body, dict) and "error" in body:
+        return str(body["error"])
+    return response.text[:500]
+
+
+async def _request(
+    method: str,
+    url: str,
+    *,
+    http_timeout: httpx.Timeout,
+    client: httpx.AsyncClient | None,
+    json_body: Any = None,
+) -> httpx.Response:
+    client = client or get_client()
+    with http_failures("the Triton worker"):
+        return await client.request(method, url, json=json_body, timeout=http_timeout)
+
+
+async def _ready(url: str, *, http_timeout: httpx.Timeout, client: httpx.AsyncClient | None) -> tuple[bool, str]:
+    response = await _request("GET", url, http_timeout=http_timeout, client=client)
+    if response.status_code >= 500:
+        raise UpstreamError(f"Triton answered {response.status_code}", detail=_error_text(response))
+    if response.status_code == 200:
+        return True, ""
+    return False, f"{response.status_code} {_error_text(response)}".strip()
+
+
+async def triton_server_ready(
+    *, worker: WorkerTarget, http_timeout: httpx.Timeout, client: httpx.AsyncClient | None = None
+) -> tuple[bool, str]:
+    """GET /v2/health/ready: (ready, why not). Raises UpstreamError/UpstreamTimeout when unreachable or 5xx.
+
+    Readiness is strict on Triton: 400 when any model of the repository failed to load."""
+    return await _ready(f"{worker.endpoint}/v2/health/ready", http_timeout=http_timeout, client=client)
+
+
+async def triton_model_ready(
+    *, worker: WorkerTarget, model_name: str, http_timeout: httpx.Timeout, client: httpx.AsyncClient | None = None
+) -> tuple[bool, str]:
+    """GET /v2/models/{model_name}/ready: 400 `{"error":"Model version not ready"}` when unready or unknown."""
+    return await _ready(f"{worker.endpoint}/v2/models/{model_name}/ready", http_timeout=http_timeout, client=client)
+
+
+async def triton_repository_index(
+    *, worker: WorkerTarget, http_timeout: httpx.Timeout, client: httpx.AsyncClient | None = None
+) -> list[str]:
+    """The names of the ready models (diagnostics only: routing needs the explicit declaration)."""
+    response = await _request(
+        "POST",
+        f"{worker.endpoint}/v2/repository/index",
+        http_timeout=http_timeout,
+        client=client,
+        json_body={"ready": True},
+    )
+    if response.status_code != 200:
+        raise UpstreamError(f"Triton repository index answered {response.status_code}", detail=_error_text(response))
+    try:
+        entries = response.json()
+    except ValueError:
+        raise UpstreamError("Triton repository index is not JSON", detail=response.text[:500]) from None
+    if not isinstance(entries, list):
+        return []
+    names = {
+        str(e["name"]) for e in entries if isinstance(e, dict) and "name" in e and e.get("state", "READY") == "READY"
+    }
+    return sorted(names)
+
+
+def _flat(data: Any) -> list[Any]:
+    if isinstance(data, list):
+        return [item for inner in data for item in _flat(inner)]
+    return [data]
+
+
+def _first(outputs: dict[str, Any], name: str) -> Any:
+    output = outputs.get(name)
+    if not isinstance(output, dict):
+        return None
+    values = _flat(output.get("data"))
+    return values[0] if values and values[0] is not None else None
+
+
+def _count(outputs: dict[str, Any], name: str) -> int:
+    value = _first(outputs, name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or int(value) != value:
+        raise RuntimeUsageUnavailable(
+            "the Triton worker returned no authoritative token counts",
+            detail=f"output {name!r} missing or not a count: {value!r}",
+        )
+    return int(value)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, list):
+        return "".join(_text(v) for v in value)
+    if value is None:
+        return ""
+    return str(value)
+
+
+def infer_request(*, config: dict[str, Any], prompt: str, max_tokens: int) -> dict[str, Any]:
+    """The HTTP v2 request body of spec 002, under the worker's tensor names."""
+    outputs = [
+        config["output_name"],
+        config["prompt_tokens_output_name"],
+        config["completion_tokens_output_name"],
+    ]
+    return {
+        "inputs": [
+            {"name": config["input_name"], "shape": [1, 1], "datatype": "BYTES", "data": [[prompt]]},
+            {"name": config["max_tokens_input_name"], "shape": [1, 1], "datatype": "INT32", "data": [[max_tokens]]},
+        ],
+        # JSON answers (not the binary tensor extension), so the counts can be read as numbers.
+        "outputs": [{"name": name, "parameters": {"binary_data": False}} for name in outputs],
+    }
+
+
+async def triton_infer(*, worker: WorkerTarget, prompt: str, max_tokens: int) -> TritonResult:
+    """POST /v2/models/{model_name}/infer; the text and the worker's own token counts.
+
+    Raises TritonInferenceFailed (Triton's message in .detail; server_fault only for 5xx),
+    RuntimeUsageUnavailable (no counts), UpstreamTimeout or UpstreamError."""
+    config = worker.runtime_config
+    url = f"{worker.endpoint}/v2/models/{config['model_name']}/infer"
+    body = infer_request(config=config, prompt=prompt, max_tokens=max_tokens)
+    with http_failures("the Triton worker"):
+        async with asyncio.timeout(worker_total_timeout(config)):
+            response = await _request("POST", url, http_timeout=worker_timeout(config), client=None, json_body=body)
+    if response.status_code != 200:
+        message = _error_text(response)
+        # Asking a model for an output it lacks is a 400 "unexpected inference output 'NAME'" (seen on
+        # 2.51): for a count output that is a model without authoritative usage, not a bad request.
+        counts = (config["prompt_tokens_output_name"], config["completion_tokens_output_name"])
+        if response.status_code == 400 and any(f"unexpected inference output '{n}'" in message for n in counts):
+            raise RuntimeUsageUnavailable("the Triton worker returned no authoritative token counts", detail=message)
+        raise TritonInferenceFailed(
+            "the Triton worker rejected the inference request",
+            detail=f"{response.status_code} {_error_text(response)}",
+            server_fault=response.status_code >= 500,
+        )
+    try:
+        answer = response.json()
+    except (ValueError, json.JSONDecodeError):
+        raise TritonInferenceFailed("the Triton worker's answer is not JSON", detail=response.text[:500]) from None
+    if not isinstance(answer, dict) or "error" in answer:
+        detail = str(answer.get("error")) if isinstance(answer, dict) else repr(answer)[:500]
+        raise TritonInferenceFailed("the Triton worker rejected the inference request", detail=detail)
+    outputs: dict[str, Any] = {str(o.get("name")): o for o in answer.get("outputs") or [] if isinstance(o, dict)}
+    if config["output_name"] not in outputs:
+        raise TritonInferenceFailed(
+            "the Triton worker's answer has no text output", detail=f"missing output {config['output_name']!r}"
+        )
+    text_output = outputs[config["output_name"]]
+    text = _text(_flat(text_output.get("data")))
+    prompt_tokens = _count(outputs, config["prompt_tokens_output_name"])
+    completion_tokens = _count(outputs, config["completion_tokens_output_name"])
+    return TritonResult(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+
+
+def _content(content: Any) -> str:
+    """OpenAI message content: a string, or a list of parts of which the text ones count."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text", "")) for part in content if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return "" if content is None else str(content)
+
+
+def render_chat_prompt(messages: list[dict[str, Any]], runtime_config: dict[str, Any]) -> str:
+    """One prompt string from chat messages, for a Triton model that takes plain text.
+
+    runtime_config.chat_template = {"prefix", "message", "suffix"} overrides the default; `message`
+    is repeated per message with {role} and {content} replaced (plain replacement, so braces in
+    user content are harmless)."""
+    template = {**DEFAULT_CHAT_TEMPLATE, **(runtime_config.get("chat_template") or {})}
+    parts = [template["prefix"]]
+    for message in messages:
+        role = str(message.get("role", "user"))
+        parts.append(template["message"].replace("{role}", role).replace("{content}", _content(message.get("content"))))
+    parts.append(template["suffix"])
+    return "".join(parts)
+
+
+async def triton_complete(
+    *, worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
+) -> tuple[dict[str, Any], Usage]:
+    """Direct Triton (HTTP v2): render the prompt, infer, and answer in OpenAI's shape."""
+    prompt = render_chat_prompt(params.messages, worker.runtime_config) if params.endpoint == CHAT else params.prompt
+    result = await triton_infer(worker=worker, prompt=prompt, max_tokens=max_tokens)
+    usage = Usage(result.prompt_tokens, result.completion_tokens)
+    finish = "length" if usage.completion_tokens >= max_tokens else "stop"
+    suffix = uuid.uuid4().hex[:24]
+    if params.endpoint == CHAT:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": result.text},
+            "logprobs": None,
+            "finish_reason": finish,
+        }
+        head = {"id": f"chatcmpl-{suffix}", "object": "chat.completion"}
+    else:
+        choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
+        head = {"id": f"cmpl-{suffix}", "object": "text_completion"}
+    data = {
+        **head,
+        "created": int(time.time()),
+        "model": params.model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        },
+    }
+    return data, usage

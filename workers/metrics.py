@@ -1,0 +1,50 @@
+"""Worker health, circuit and readiness gauges, read from the database when Prometheus scrapes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from workers.models import Worker
+
+
+class WorkerCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("speedinfer_worker_healthy", "1 when the last probe succeeded.", labels=["worker"])
+        enabled = GaugeMetricFamily("speedinfer_worker_enabled", "1 when staff enabled the worker.", labels=["worker"])
+        circuit = GaugeMetricFamily(
+            "speedinfer_worker_circuit_state", "1 for the circuit's current state.", labels=["worker", "state"]
+        )
+        ready = GaugeMetricFamily(
+            "speedinfer_worker_model_ready", "1 when the worker reports the model ready.", labels=["worker", "model"]
+        )
+        probe = GaugeMetricFamily(
+            "speedinfer_worker_probe_latency_seconds", "Duration of the last probe.", labels=["worker"]
+        )
+        probed = GaugeMetricFamily(
+            "speedinfer_worker_last_probe_timestamp_seconds", "When the last probe ran.", labels=["worker"]
+        )
+        rows = Worker.objects.values_list(
+            "worker_id",
+            "healthy",
+            "enabled",
+            "circuit_state",
+            "model_readiness",
+            "last_probe_latency_ms",
+            "last_probe_at",
+        )
+        for worker_id, healthy, is_enabled, state, readiness, latency_ms, probe_at in rows:
+            up.add_metric([worker_id], 1.0 if healthy else 0.0)
+            enabled.add_metric([worker_id], 1.0 if is_enabled else 0.0)
+            for choice in Worker.Circuit.values:
+                circuit.add_metric([worker_id, choice], 1.0 if state == choice else 0.0)
+            for model_id, info in (readiness or {}).items():
+                is_ready = info.get("ready") if isinstance(info, dict) else info
+                ready.add_metric([worker_id, str(model_id)], 1.0 if is_ready else 0.0)
+            if latency_ms is not None:
+                probe.add_metric([worker_id], latency_ms / 1000)
+            if probe_at is not None:
+                probed.add_metric([worker_id], probe_at.timestamp())
+        yield from (up, enabled, circuit, ready, probe, probed)
