@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from django.core.management.base import CommandError
 
-from speedinfer.commands import SpeedInferCommand
+from core.commands import SpeedInferCommand
 from workers.agent import DEFAULT_INTERVAL, AgentError, WorkerAgent, registration_load
 
 KEY_ENVIRONMENT = "SPEEDINFER_AGENT_KEY"
