@@ -11,7 +11,7 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 TRITON_VENV ?= $(HOME)/.cache/speedinfer/triton-venv
 TRITON_PYTHON ?= /usr/bin/python3.11
 
-.PHONY: install install-dev run test lint bench clean help triton chromium
+.PHONY: install install-dev run test lint bench clean help triton chromium gpu-check
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ $(TRITON_VENV)/.installed:
 bench: install-dev ## gateway vs direct path: latency, throughput, streaming, memory (BENCH_ARGS=...)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(PY) bench/run.py $(BENCH_ARGS)
+
+gpu-check: install-dev ## SpeedInfer + real Triton on an NVIDIA GPU, end to end (GPU_CHECK_ARGS=--dry-run without one)
+	env -u DATABASE_URL -u REDIS_URL $(PY) devtools/gpu_check.py $(GPU_CHECK_ARGS)
 
 chromium: ## Debian's chromium for the browser test (Playwright's own browser download fails here)
 	@test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }

@@ -1,0 +1,1 @@
+"""Demo and test tools: the worker simulator, a local tritonserver, demo seeding, the GPU check."""

@@ -172,9 +172,9 @@ def test_tensor_names_like_max_tokens_are_not_mistaken_for_credentials(tmp_path)
 def test_local_gpu_metadata_degrades_without_a_gpu_and_registers_cleanly(tmp_path):
     from workers.gpu import local_gpu_metadata
 
-    gpus = local_gpu_metadata()
-    assert isinstance(gpus, list)  # [] on a machine without a GPU
-    for gpu in gpus:
+    metadata = local_gpu_metadata()
+    assert isinstance(metadata, dict)  # {} on a machine without a GPU
+    for gpu in metadata.get("gpus", []):
         assert not {"serial", "uuid"} & set(gpu)
-    doc = json.loads(SPEC_CUDA) | {"gpu_metadata": {"gpus": gpus}}
+    doc = json.loads(SPEC_CUDA) | {"gpu_metadata": metadata}
     run("registerworker", write(tmp_path, doc))

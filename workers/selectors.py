@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from django.utils import timezone
 
+from workers.agent import agent_report_state
 from workers.models import Worker
 
 
@@ -40,8 +42,15 @@ def worker_document(*, worker: Worker) -> dict[str, Any]:
             "last_probe_at": worker.last_probe_at.isoformat() if worker.last_probe_at else None,
             "last_probe_latency_ms": worker.last_probe_latency_ms,
             "last_probe_error": worker.last_probe_error,
+            "agent": worker_agent_status(worker=worker),
         },
     }
+
+
+def worker_agent_status(*, worker: Worker) -> dict[str, Any] | None:
+    """When the worker's agent (`manage.py workeragent`) last reported, and whether it stopped: None without one."""
+    state = agent_report_state(runtime_metadata=worker.runtime_metadata, now=timezone.now())
+    return state.as_dict() if state else None
 
 
 def model_readiness(*, worker: Worker) -> dict[str, dict[str, bool]]:

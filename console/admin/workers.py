@@ -10,8 +10,10 @@ from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 from django.utils.html import format_html_join
 
+from workers.agent import agent_report_state
 from workers.models import Worker
 from workers.registration import registration_validate
 from workers.selectors import worker_document
@@ -106,6 +108,7 @@ class WorkerAdmin(admin.ModelAdmin):
         "healthy",
         "circuit_state",
         "models_ready",
+        "agent_report",
         "last_probe_at",
         "last_probe_latency_ms",
         "last_probe_error",
@@ -129,6 +132,7 @@ class WorkerAdmin(admin.ModelAdmin):
         "has_upstream_api_key",
         "healthy",
         "models_ready",
+        "agent_report",
         "discovered_models",
         "last_probe_at",
         "last_probe_latency_ms",
@@ -154,6 +158,7 @@ class WorkerAdmin(admin.ModelAdmin):
                     "fields": (
                         "healthy",
                         "models_ready",
+                        "agent_report",
                         "discovered_models",
                         "last_probe_at",
                         "last_probe_latency_ms",
@@ -174,6 +179,12 @@ class WorkerAdmin(admin.ModelAdmin):
     def models_ready(self, obj: Worker) -> str:
         readiness = obj.model_readiness or {}
         return ", ".join(f"{m} {'ready' if readiness.get(m) else 'not ready'}" for m in obj.supported_models)
+
+    @admin.display(description="agent")
+    def agent_report(self, obj: Worker) -> str:
+        # Workers registered by hand have no agent; one whose agent went quiet says "stale".
+        state = agent_report_state(runtime_metadata=obj.runtime_metadata, now=timezone.now())
+        return state.describe() if state else "-"
 
     @admin.display(description="upstream credential", boolean=True)
     def has_upstream_api_key(self, obj: Worker) -> bool:
