@@ -159,7 +159,11 @@ def test_staff_changes_to_workers_are_audited_with_who_and_never_the_key(admin_c
     worker = Worker.objects.get()
     admin_client_.post("/admin/workers/worker/", {"action": "disable", "_selected_action": [worker.pk]})
     admin_client_.post("/admin/workers/worker/", {"action": "reset_circuit", "_selected_action": [worker.pk]})
-    assert post(staff, SPEC_CUDA).status_code == 200
+    changed = json.loads(SPEC_CUDA)
+    changed["runtime_config"] = {**changed["runtime_config"], "read_timeout": 30}
+    assert post(staff, json.dumps(changed)).status_code == 200
+    # The same registration again (what a worker agent sends every interval) is no change: no row.
+    assert post(staff, json.dumps(changed)).status_code == 200
     assert staff.delete("/api/workers/cuda-01/").status_code == 204
     rows = list(AuditLog.objects.order_by("id").values_list("actor", "action", "target_repr"))
     actions = [(actor, action) for actor, action, _ in rows]

@@ -50,6 +50,16 @@ def worker_register_spec(*, spec: WorkerSpec, actor: object = "", via: str = "")
         or worker.transport != spec.transport
         or worker.supported_models != spec.supported_models
     )
+    # A worker agent re-registers every interval with fresh GPU figures: only a change to the
+    # registration itself (not to its reported metadata) is a staff change worth an audit row.
+    registration_changed = (
+        created
+        or target_changed
+        or worker.worker_type != spec.worker_type
+        or worker.runtime != spec.runtime
+        or (spec.upstream_api_key is not None and worker.upstream_api_key != spec.upstream_api_key)
+        or (spec.enabled is not None and worker.enabled != spec.enabled)
+    )
     worker.worker_type = spec.worker_type
     worker.runtime = spec.runtime
     worker.transport = spec.transport
@@ -69,6 +79,8 @@ def worker_register_spec(*, spec: WorkerSpec, actor: object = "", via: str = "")
     # registration_validate has already checked the URL.
     worker.full_clean(exclude=["runtime_endpoint"])
     worker.save()
+    if not registration_changed:
+        return worker, created
     # Never the endpoint's credential; the endpoint itself stays out too, like everywhere it is shown.
     _audit(
         actor,
