@@ -6,8 +6,8 @@ from django.utils import timezone
 
 from accounts.keys import KEY_PREFIX
 
-SCOPES = ("chat", "completions", "models", "usage", "admin")
-DEFAULT_SCOPES = ("chat", "completions", "models", "usage")
+SCOPES = ("chat", "completions", "embeddings", "models", "usage", "admin")
+DEFAULT_SCOPES = ("chat", "completions", "embeddings", "models", "usage")
 
 
 class Account(models.Model):

@@ -2,7 +2,7 @@
 
     python -m devtools.simulator --port 8100 [--latency-ms 20] [--deltas 16] [--delay-ms 0] [--model acme/model-1]
 
-It serves GET /v1/models, POST /v1/chat/completions and POST /v1/completions,
+It serves GET /v1/models, POST /v1/chat/completions, POST /v1/completions and POST /v1/embeddings,
 streaming and not, with `usage` (prompt tokens counted as whitespace-separated
 words, one completion token per delta) and `stream_options.include_usage`.
 
@@ -24,8 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import hashlib
+import math
 import re
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -116,6 +120,7 @@ class Simulator:
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
         return app
 
     def _denied(self, request: web.Request) -> web.Response | None:
@@ -135,6 +140,46 @@ class Simulator:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=False)
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        """Deterministic vectors (from each input's hash) and usage: whitespace-separated words."""
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _error(400, "body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "body must be an object")
+        self.stats.requests.append(
+            {"path": request.path, "authorization": request.headers.get("Authorization", ""), "body": body}
+        )
+        value = body.get("input")
+        texts = [value] if isinstance(value, str) else value
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            return _error(400, "input must be a string or an array of strings")
+        how = _behaviour(self.behaviour, texts)
+        if how.latency_ms:
+            await asyncio.sleep(how.latency_ms / 1000)
+        if how.status != 200:
+            # The worker's host in its message, as real servers sometimes do: the gateway must scrub it.
+            return _error(how.status, f"simulated failure {how.status} at {request.host}")
+        vectors = [_vector(text, int(body.get("dimensions") or EMBEDDING_SIZE)) for text in texts]
+        encode = body.get("encoding_format") == "base64"
+        data = [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() if encode else v,
+            }
+            for i, v in enumerate(vectors)
+        ]
+        tokens = sum(len(t.split()) for t in texts)
+        answer: dict[str, Any] = {"object": "list", "data": data, "model": str(body.get("model", ""))}
+        if not how.omit_usage:
+            answer["usage"] = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return _json(200, answer)
 
     async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         denied = self._denied(request)
@@ -254,6 +299,17 @@ class Simulator:
         return response
 
 
+EMBEDDING_SIZE = 8
+
+
+def _vector(text: str, size: int) -> list[float]:
+    """A unit vector that depends only on the text (float32-exact, so base64 round-trips equal)."""
+    digest = hashlib.sha256(text.encode()).digest()
+    raw = [digest[i % len(digest)] / 255 - 0.5 for i in range(size)]
+    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+    return [struct.unpack("<f", struct.pack("<f", x / norm))[0] for x in raw]
+
+
 def _json(status: int, data: dict[str, Any]) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
 
@@ -305,14 +361,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m devtools.simulator", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)
-    parser.add_argument("--model", action="append", help="a model id to list (repeatable; default acme/model-1)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        help="a model id to list (repeatable; default acme/model-1 and acme/embed-1)",
+    )
     parser.add_argument("--latency-ms", type=float, default=0.0, help="wait before each answer")
     parser.add_argument("--deltas", type=int, default=16, help="completion tokens per answer (capped by max_tokens)")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="wait between stream chunks")
     parser.add_argument("--api-key", default="", help="require this bearer key")
     args = parser.parse_args(argv)
     simulator = Simulator(
-        models=tuple(args.model or ["acme/model-1"]),
+        models=tuple(args.model or ["acme/model-1", "acme/embed-1"]),
         behaviour=Behaviour(latency_ms=args.latency_ms, deltas=args.deltas, delay_ms=args.delay_ms),
         api_key=args.api_key,
     )

@@ -1,8 +1,9 @@
 """The /v1 API as a lean ASGI application, mounted in front of Django by speedinfer.asgi.
 
 No Django request, URL resolver or middleware runs for /v1: a request is
-routed by exact path here, and touches Django only for the ORM work it needs
-(two thread hops for a completion, none for authentication on a warm key).
+routed by exact path here (and /v1/models/{id} by its prefix: model ids
+contain `/`), and touches Django only for the ORM work it needs (two thread
+hops for a completion, none for authentication on a warm key).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from catalog import cache as catalog
+from catalog.models import PublicModel
+from core.credits import format_credits
 from core.db import db_call
 from core.metrics import observe_request
 from core.request_log import log_request
@@ -19,11 +22,12 @@ from proxy.errors import GatewayError
 from proxy.exchange import Exchange, Receive, Scope, Send
 from proxy.gateway import authenticate, handle_completion
 from proxy.selectors import key_summary, usage_page
-from runtimes.request import CHAT, COMPLETIONS
+from runtimes.request import CHAT, COMPLETIONS, EMBEDDINGS
 
 log = logging.getLogger("speedinfer.gateway")
 
 Handler = Callable[[Exchange], Awaitable[None]]
+MODEL_PREFIX = "/v1/models/"
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _key_summary = db_call(key_summary)
@@ -38,15 +42,42 @@ async def completions(ex: Exchange) -> None:
     await handle_completion(ex, COMPLETIONS)
 
 
+async def embeddings(ex: Exchange) -> None:
+    await handle_completion(ex, EMBEDDINGS)
+
+
+def model_object(model: PublicModel) -> dict[str, object]:
+    """OpenAI's model object, with SpeedInfer's prices (credits per 1,000,000 tokens) and output cap."""
+    return {
+        "id": model.model_id,
+        "object": "model",
+        "created": int(model.created_at.timestamp()),
+        "owned_by": "speedinfer",
+        "pricing": {"input": format_credits(model.input_price), "output": format_credits(model.output_price)},
+        "max_output_tokens": model.max_output_tokens,
+    }
+
+
 async def models_list(ex: Exchange) -> None:
     key = await authenticate(ex, "models")
     models = await catalog.public_models()
     data = [
-        {"id": m.model_id, "object": "model", "created": int(m.created_at.timestamp()), "owned_by": "speedinfer"}
+        model_object(m)
         for model_id, m in sorted(models.items())
         if not key.allowed_models or model_id in key.allowed_models
     ]
     await ex.respond_json(200, {"object": "list", "data": data})
+
+
+async def model_retrieve(ex: Exchange) -> None:
+    key = await authenticate(ex, "models")
+    # ASGI's path is already percent-decoded: "acme%2Fmodel-1" arrives as "acme/model-1".
+    model_id = ex.scope["path"].rstrip("/")[len(MODEL_PREFIX) :]
+    model = (await catalog.public_models()).get(model_id)
+    # A model outside the key's allow-list is as unknown to it as one that does not exist.
+    if model is None or (key.allowed_models and model_id not in key.allowed_models):
+        raise GatewayError(404, "model_not_found", f"the model '{model_id}' does not exist", param="model")
+    await ex.respond_json(200, model_object(model))
 
 
 async def key_show(ex: Exchange) -> None:
@@ -70,6 +101,7 @@ async def usage_list(ex: Exchange) -> None:
 ROUTES: dict[str, tuple[bytes, Handler]] = {
     "/v1/chat/completions": (b"POST", chat_completions),
     "/v1/completions": (b"POST", completions),
+    "/v1/embeddings": (b"POST", embeddings),
     "/v1/models": (b"GET", models_list),
     "/v1/key": (b"GET", key_show),
     "/v1/usage": (b"GET", usage_list),
@@ -80,6 +112,9 @@ async def gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
     ex = Exchange(scope, receive, send)
     path = scope["path"].rstrip("/") or "/"
     route = ROUTES.get(path)
+    if route is None and path.startswith(MODEL_PREFIX):
+        route = (b"GET", model_retrieve)
+        path = "/v1/models/{id}"  # the metrics' and log's endpoint label: one series for every model
     try:
         if route is None:
             raise GatewayError(404, "not_found", f"unknown URL: {scope['method']} {scope['path']}")

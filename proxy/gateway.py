@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions and /v1/completions: the request path, in CONTRACT's order.
+"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: the request path, in CONTRACT's order.
 
 parse and validate -> authenticate -> scope, model, allow-list -> rate limits
 -> streaming support -> select a worker -> reserve -> forward (one retry on
@@ -38,14 +38,16 @@ from billing.services import InsufficientCredits, reservation_release_async, res
 from catalog import cache as catalog
 from catalog.models import PublicModel
 from core.outcome import RequestOutcome
+from proxy.embeddings import parse_embeddings
 from proxy.errors import GatewayError
 from proxy.exchange import Exchange
 from proxy.payloads import parse_completion
 from proxy.ratelimit import rate_limit_admit, rate_limit_refund
 from proxy.services import request_reserve
-from runtimes.errors import RuntimeUsageUnavailable, UpstreamError, WorkerError
+from runtimes.embeddings import generates_text, openai_embed, triton_embed
+from runtimes.errors import RuntimeUsageUnavailable, UpstreamError, WorkerError, WorkerRejected
 from runtimes.openai import openai_complete, openai_stream_open
-from runtimes.request import CompletionParams, Usage, usage_from
+from runtimes.request import EMBEDDINGS, CompletionParams, Usage, usage_from
 from runtimes.sse import DONE, sse_data
 from runtimes.target import WorkerTarget
 from runtimes.triton import triton_complete
@@ -53,7 +55,7 @@ from workers import routing
 
 log = logging.getLogger("speedinfer.gateway")
 
-_ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", EMBEDDINGS: "/v1/embeddings"}
 
 
 async def authenticate(ex: Exchange, scope: str) -> KeyInfo:
@@ -115,9 +117,10 @@ class _Call:
 
 
 async def handle_completion(ex: Exchange, endpoint: str) -> None:
-    params = parse_completion(await ex.body(), endpoint=endpoint)
+    raw = await ex.body()
+    params = parse_embeddings(raw) if endpoint == EMBEDDINGS else parse_completion(raw, endpoint=endpoint)
     ex.outcome.model, ex.outcome.streamed = params.model, params.stream
-    key = await authenticate(ex, endpoint)  # the scope names match the endpoints: chat, completions
+    key = await authenticate(ex, endpoint)  # the scope names match the endpoints: chat, completions, embeddings
     model = (await catalog.public_models()).get(params.model)
     if model is None:
         raise GatewayError(404, "model_not_found", f"the model '{params.model}' does not exist", param="model")
@@ -125,6 +128,8 @@ async def handle_completion(ex: Exchange, endpoint: str) -> None:
         raise GatewayError(403, "model_not_allowed", f"this key may not use the model '{params.model}'", param="model")
     cap = model.max_output_tokens
     max_tokens = min(params.max_tokens, cap) if params.max_tokens else cap
+    if endpoint == EMBEDDINGS:
+        max_tokens = 0  # embeddings produce no tokens: the reservation is the input's bound at the input price
     prompt_bound = prompt_token_bound(texts=params.texts, messages=len(params.messages))
     token_bound = prompt_bound + max_tokens
 
@@ -193,7 +198,12 @@ async def _reserve_for(call: _Call) -> None:
 
 
 async def _forward_once(call: _Call, worker: WorkerTarget) -> tuple[dict[str, Any], Usage]:
-    forward = openai_complete if worker.transport == "openai" else triton_complete
+    if call.params.endpoint == EMBEDDINGS:
+        forward = openai_embed if worker.transport == "openai" else triton_embed
+    elif generates_text(worker):
+        forward = openai_complete if worker.transport == "openai" else triton_complete
+    else:
+        raise WorkerRejected(f"the model '{call.params.model}' serves embeddings only (POST /v1/embeddings)")
     routing.acquire(worker.worker_id)
     try:
         return await forward(

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 import httpx
+import orjson
 
 
 class WorkerError(Exception):
@@ -62,3 +64,55 @@ def http_failures(
         raise UpstreamTimeout(f"{who} {timed_out}", detail=repr(exc)) from None
     except httpx.HTTPError as exc:
         raise UpstreamError(f"{who} {broken}", detail=repr(exc)) from None
+
+
+class WorkerRejected(WorkerError):
+    """The worker refused the request as the client's mistake (a prompt longer than its context, a bad
+    parameter): its own words go to the client, scrubbed of its address; nothing is charged, and the
+    worker is not sick."""
+
+    status = 400
+    code = "invalid_request"
+    counts_against_circuit = False
+
+
+# A worker's 401/403 is our misconfiguration (its credential), 404 a wrong model name or path,
+# 429 its own overload: none is the client's to fix, so they stay 502 upstream_error.
+_NOT_THE_CLIENTS = frozenset({401, 403, 404, 429})
+MAX_WORKER_MESSAGE = 500
+
+
+def worker_message(text: str, *, endpoint: str) -> str:
+    """The worker's message as a client may see it: without the worker's endpoint or host, one line, truncated."""
+    message = " ".join(text.split())
+    if endpoint:
+        host = urlsplit(endpoint).netloc
+        hostname = urlsplit(endpoint).hostname or ""
+        for secret in sorted({endpoint, endpoint.split("://", 1)[-1], host, hostname} - {""}, key=len, reverse=True):
+            message = message.replace(secret, "<worker>")
+    if len(message) > MAX_WORKER_MESSAGE:
+        message = message[: MAX_WORKER_MESSAGE - 3] + "..."
+    return message
+
+
+def is_client_error(status: int) -> bool:
+    """A worker's 4xx that the client can fix by changing its request."""
+    return 400 <= status < 500 and status not in _NOT_THE_CLIENTS
+
+
+def openai_error_message(body: bytes | str) -> str:
+    """The `message` of an OpenAI-shaped error body (`{"error": {"message"}}`, `{"error": "..."}`,
+    `{"message"}`, or FastAPI's `{"detail"}`); "" when there is none."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return ""
+    if not isinstance(data, dict):
+        return ""
+    error = data.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    for value in (error, data.get("message"), data.get("detail")):
+        if isinstance(value, str):
+            return value
+    return ""

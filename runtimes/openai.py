@@ -11,7 +11,16 @@ from typing import Any
 import httpx
 import orjson
 
-from runtimes.errors import RuntimeUsageUnavailable, UpstreamError, http_failures
+from runtimes.errors import (
+    RuntimeUsageUnavailable,
+    UpstreamError,
+    WorkerError,
+    WorkerRejected,
+    http_failures,
+    is_client_error,
+    openai_error_message,
+    worker_message,
+)
 from runtimes.http import get_client, worker_timeout, worker_total_timeout
 from runtimes.request import CHAT, CompletionParams, Usage, usage_from
 from runtimes.target import WorkerTarget
@@ -45,7 +54,12 @@ async def openai_models(
     return [str(item["id"]) for item in data if isinstance(item, dict) and "id" in item], ""
 
 
-def _rejected(status: int, detail: str) -> UpstreamError:
+def rejected(worker: WorkerTarget, status: int, detail: str) -> WorkerError:
+    """A worker's non-200 answer: its own words for the client's mistakes (400 invalid_request),
+    else 502 upstream_error with its words kept for the log."""
+    if is_client_error(status):
+        message = worker_message(openai_error_message(detail) or detail, endpoint=worker.endpoint)
+        return WorkerRejected(message or f"the worker refused the request (HTTP {status})", detail=detail[:500])
     error = UpstreamError(f"the worker failed (HTTP {status})", detail=detail[:500])
     # A 4xx is the worker refusing this request, not the worker being sick.
     error.counts_against_circuit = status >= 500
@@ -84,7 +98,7 @@ async def openai_complete(
         async with asyncio.timeout(worker_total_timeout(worker.runtime_config)):
             response = await get_client().send(request)
     if response.status_code != 200:
-        raise _rejected(response.status_code, response.text)
+        raise rejected(worker, response.status_code, response.text)
     try:
         data = orjson.loads(response.content)
     except orjson.JSONDecodeError:
@@ -112,5 +126,5 @@ async def openai_stream_open(
             detail = ""
         finally:
             await response.aclose()
-        raise _rejected(response.status_code, detail)
+        raise rejected(worker, response.status_code, detail)
     return response

@@ -7,11 +7,12 @@ from typing import Any
 
 CHAT = "chat"
 COMPLETIONS = "completions"
+EMBEDDINGS = "embeddings"
 
 
 @dataclass(slots=True)
 class CompletionParams:
-    endpoint: str  # CHAT or COMPLETIONS
+    endpoint: str  # CHAT, COMPLETIONS or EMBEDDINGS (texts: the inputs; body.encoding_format)
     body: dict[str, Any]
     model: str
     stream: bool

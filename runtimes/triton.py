@@ -16,7 +16,16 @@ from typing import Any
 
 import httpx
 
-from runtimes.errors import RuntimeUsageUnavailable, TritonInferenceFailed, UpstreamError, http_failures
+from runtimes.errors import (
+    RuntimeUsageUnavailable,
+    TritonInferenceFailed,
+    UpstreamError,
+    WorkerError,
+    WorkerRejected,
+    http_failures,
+    is_client_error,
+    worker_message,
+)
 from runtimes.http import get_client, worker_timeout, worker_total_timeout
 from runtimes.request import CHAT, CompletionParams, Usage
 from runtimes.target import WorkerTarget
@@ -40,6 +49,23 @@ def _error_text(response: httpx.Response) -> str:
     if isinstance(body, dict) and "error" in body:
         return str(body["error"])
     return response.text[:500]
+
+
+# Triton's 400s that mean the registration's tensor names do not fit the model: our mistake, not the client's.
+_MISCONFIGURED = ("unexpected inference", "inputs but got", "unexpected shape for input")
+
+
+def triton_rejection(worker: WorkerTarget, status: int, message: str) -> WorkerError:
+    """A non-200 from /infer: Triton's own words for the client's mistakes (400 invalid_request,
+    e.g. a model refusing an input too long), else 502 triton_inference_failed with them in the log only."""
+    if is_client_error(status) and not any(marker in message for marker in _MISCONFIGURED):
+        text = worker_message(message, endpoint=worker.endpoint)
+        return WorkerRejected(text or f"the Triton worker refused the request (HTTP {status})", detail=message)
+    return TritonInferenceFailed(
+        "the Triton worker rejected the inference request",
+        detail=f"{status} {message}",
+        server_fault=status >= 500,
+    )
 
 
 async def _request(
@@ -172,11 +198,7 @@ async def triton_infer(*, worker: WorkerTarget, prompt: str, max_tokens: int) ->
         counts = (config["prompt_tokens_output_name"], config["completion_tokens_output_name"])
         if response.status_code == 400 and any(f"unexpected inference output '{n}'" in message for n in counts):
             raise RuntimeUsageUnavailable("the Triton worker returned no authoritative token counts", detail=message)
-        raise TritonInferenceFailed(
-            "the Triton worker rejected the inference request",
-            detail=f"{response.status_code} {_error_text(response)}",
-            server_fault=response.status_code >= 500,
-        )
+        raise triton_rejection(worker, response.status_code, message)
     try:
         answer = response.json()
     except (ValueError, json.JSONDecodeError):

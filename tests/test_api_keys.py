@@ -23,7 +23,7 @@ def test_it_stores_only_a_digest_and_authenticates_the_secret():
     assert len(row.digest) == 64
     result = api_key_authenticate(raw_key=created.secret)
     assert result.key is not None and result.key.id == row.pk
-    assert result.key.scopes == {"chat", "completions", "models", "usage"}
+    assert result.key.scopes == {"chat", "completions", "embeddings", "models", "usage"}
 
 
 def test_it_rejects_a_wrong_secret_with_the_right_lookup_id():

@@ -53,6 +53,13 @@ def refused(world, call: Callable[[], Any], status: int, code: str) -> openai.AP
     return error
 
 
+def embed(world, **kwargs: Any) -> Callable[[], Any]:
+    def call() -> Any:
+        return sdk(world).embeddings.create(model="acme/model-1", **kwargs)
+
+    return call
+
+
 def chat(world, secret: str | None = None, **kwargs: Any) -> Callable[[], Any]:
     def call() -> Any:
         params = {"model": "acme/model-1", "messages": HELLO, **kwargs}
@@ -165,9 +172,31 @@ def test_502_upstream_error(world):
     refused(world, chat(world, messages=[{"role": "user", "content": "[sim status=500]"}]), 502, "upstream_error")
     assert Worker.objects.get(worker_id="sim-1").consecutive_failures == 1
     assert UsageRecord.objects.get().error_code == "upstream_error"
-    # A worker refusing the request (4xx) is an upstream_error too, but not a sick worker.
-    refused(world, chat(world, messages=[{"role": "user", "content": "[sim status=422]"}]), 502, "upstream_error")
+    # A worker refusing its own credential (401) is our misconfiguration: an upstream_error, not a sick worker.
+    refused(world, chat(world, messages=[{"role": "user", "content": "[sim status=401]"}]), 502, "upstream_error")
     assert Worker.objects.get(worker_id="sim-1").consecutive_failures == 1
+
+
+def test_400_a_workers_refusal_reaches_the_client_in_its_own_words(world, simulator):
+    """A worker's 4xx (a prompt too long, a bad parameter) is the client's to fix: 400 with the worker's
+    message (its host scrubbed), nothing charged, and no count against the circuit; for streams too."""
+    before = Account.objects.get(pk=world["account"].pk).available
+    for stream in (False, True):
+        error = refused(
+            world,
+            chat(world, stream=stream, messages=[{"role": "user", "content": "too long [sim status=422]"}]),
+            400,
+            "invalid_request",
+        )
+        assert error.body["message"] == "simulated failure 422"  # type: ignore[index]
+    error = refused(world, embed(world, input="x [sim status=400]"), 400, "invalid_request")
+    host = simulator.base_url.split("://")[1].split("/")[0]
+    assert host not in str(error.body) and "127.0.0.1" not in str(error.body)
+    assert error.body["message"] == "simulated failure 400 at <worker>"  # type: ignore[index]
+    assert Worker.objects.get(worker_id="sim-1").consecutive_failures == 0
+    assert Account.objects.get(pk=world["account"].pk).available == before
+    assert {r.cost for r in UsageRecord.objects.all()} == {0}
+    assert set(Reservation.objects.values_list("status", flat=True)) == {"released"}
 
 
 def test_503_no_healthy_worker(world, simulator):

@@ -72,10 +72,16 @@ async def probe_triton_worker(*, target: ProbeTarget, client: httpx.AsyncClient)
     timeout = _timeout()
     try:
         ready, why = await triton_server_ready(worker=worker, http_timeout=timeout, client=client)
-        model_name = str(worker.runtime_config.get("model_name", ""))
-        model_ok, model_why = await triton_model_ready(
-            worker=worker, model_name=model_name, http_timeout=timeout, client=client
-        )
+        # The text-generation model and the embedding model, where the worker declares each.
+        embeddings = worker.runtime_config.get("embeddings")
+        names = [str(worker.runtime_config.get("model_name") or "")]
+        if isinstance(embeddings, dict):
+            names = [n for n in names if n] + [str(embeddings.get("model_name", ""))]
+        model_ok, model_why, model_name = True, "", names[0]
+        for name in names:
+            ok, name_why = await triton_model_ready(worker=worker, model_name=name, http_timeout=timeout, client=client)
+            if not ok and model_ok:
+                model_ok, model_why, model_name = False, name_why, name
         try:
             discovered = await triton_repository_index(worker=worker, http_timeout=timeout, client=client)
         except WorkerError as exc:  # diagnostics only: never makes a worker unhealthy

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from django.core.exceptions import ValidationError
 
 from catalog.models import PublicModel
+from runtimes.embeddings import EMBEDDING_NAMES
 
 RUNTIMES = ("triton", "tensorrt-llm", "cuda")
 TRANSPORTS = ("triton", "openai")
@@ -165,10 +166,17 @@ def _transport(runtime: str, config: dict[str, Any]) -> str:
 
 
 def _check_config(config: dict[str, Any], *, transport: str, models: list[str]) -> None:
+    embeddings = config.get("embeddings")
     if transport == "triton":
-        for name in TRITON_NAMES:
-            _nonempty_str(config.get(name), f"runtime_config.{name}")
+        # A worker for a Triton embedding model alone needs no text-generation names.
+        if embeddings is None or any(config.get(name) is not None for name in TRITON_NAMES):
+            for name in TRITON_NAMES:
+                _nonempty_str(config.get(name), f"runtime_config.{name}")
         _check_chat_template(config.get("chat_template"))
+        if embeddings is not None:
+            _check_embeddings(embeddings)
+    elif embeddings is not None:
+        raise _error("runtime_config.embeddings", "is for the triton transport; OpenAI-compatible workers need none")
     model_map = config.get("model_map")
     if model_map is not None:
         if not isinstance(model_map, dict):
@@ -181,6 +189,17 @@ def _check_config(config: dict[str, Any], *, transport: str, models: list[str]) 
         value = config.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
             raise _error(f"runtime_config.{name}", "must be a positive number of seconds")
+
+
+def _check_embeddings(value: Any) -> None:
+    name = "runtime_config.embeddings"
+    if not isinstance(value, dict):
+        raise _error(name, "must be an object {" + ", ".join(EMBEDDING_NAMES) + "}")
+    for key in value:
+        if key not in EMBEDDING_NAMES:
+            raise _error(f"{name}.{key}", f"unknown key; expected one of {', '.join(EMBEDDING_NAMES)}")
+    for key in EMBEDDING_NAMES:
+        _nonempty_str(value.get(key), f"{name}.{key}")
 
 
 def _check_chat_template(template: Any) -> None:

@@ -22,7 +22,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
-from accounts.models import SCOPES, Account, ApiKey, Membership
+from accounts.models import DEFAULT_SCOPES, SCOPES, Account, ApiKey, Membership
 from accounts.services import account_create, api_key_create, api_key_revoke, api_key_update
 from billing.services import InsufficientCredits, InvalidAmount, credits_grant
 from catalog.models import PublicModel
@@ -182,7 +182,7 @@ class ApiKeyForm(forms.ModelForm):
     scopes = forms.MultipleChoiceField(
         choices=[(s, s) for s in SCOPES],
         widget=forms.CheckboxSelectMultiple,
-        initial=["chat", "completions", "models", "usage"],
+        initial=list(DEFAULT_SCOPES),
     )
     allowed_models = forms.MultipleChoiceField(
         required=False,

@@ -27,7 +27,7 @@ class Command(SpeedInferCommand):
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("account", help="account id or name")
         parser.add_argument("--name", default="", help="a label for the key")
-        parser.add_argument("--scopes", help="comma-separated: chat,completions,models,usage,admin")
+        parser.add_argument("--scopes", help="comma-separated: chat,completions,embeddings,models,usage,admin")
         parser.add_argument("--models", help="comma-separated allow-list of public model ids (default: all)")
         parser.add_argument("--rpm", type=int, help="requests per minute")
         parser.add_argument("--tpm", type=int, help="tokens per minute")
