@@ -2,7 +2,8 @@
 
 `make run` starts the bundled worker simulator (devtools/simulator.py) on
 SPEEDINFER_SIMULATOR_PORT (8100) and registers it as a CUDA worker speaking the
-OpenAI-compatible transport, serving the demo model. Where the real Triton
+OpenAI-compatible transport, serving the demo model and the demo embedding model
+(DEMO_EMBED_MODEL: the simulator answers POST /v1/embeddings too). Where the real Triton
 server is installed (`make triton`), it also starts one on
 SPEEDINFER_DEMO_TRITON_PORT (8101) over tests/triton_models and registers it,
 with spec 002's registration, as a direct Triton worker for DEMO_TRITON_MODEL.
@@ -18,6 +19,7 @@ from devtools.tritonserver import triton_installed
 from workers.services import worker_register
 
 DEMO_MODEL = "acme/model-1"
+DEMO_EMBED_MODEL = "acme/embed-1"
 DEMO_WORKER_ID = "demo-cuda-simulator"
 DEMO_TRITON_MODEL = "acme/triton-demo"
 DEMO_TRITON_WORKER_ID = "demo-triton"
@@ -33,13 +35,14 @@ def triton_port() -> int:
 
 def seed_workers() -> None:
     """Register demo workers pointing at the bundled worker simulator (idempotent)."""
+    model_register(model_id=DEMO_EMBED_MODEL, input_price=MICRO // 10, output_price=0, max_output_tokens=1)
     worker_register(
         data={
             "worker_id": DEMO_WORKER_ID,
             "worker_type": "nvidia-gpu",
             "runtime": "cuda",
             "runtime_endpoint": f"http://127.0.0.1:{simulator_port()}/v1",
-            "supported_models": [DEMO_MODEL],
+            "supported_models": [DEMO_MODEL, DEMO_EMBED_MODEL],
             "runtime_config": {"transport": "openai"},
             "runtime_metadata": {"cuda_version": "simulated"},
             "gpu_metadata": {"product": "SpeedInfer worker simulator"},

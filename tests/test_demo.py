@@ -76,6 +76,9 @@ def test_the_embedded_demo_serves_chat_streaming_and_triton(tmp_path):
         ) as stream:
             events = [line for line in stream.iter_lines() if line.startswith("data:")]
         assert events[-1] == "data: [DONE]"
+        embedding = {"model": "acme/embed-1", "input": ["Explain", "the request path"]}
+        vectors = httpx.post(f"{base}/v1/embeddings", json=embedding, headers=headers, timeout=30)
+        assert vectors.status_code == 200 and vectors.json()["usage"]["prompt_tokens"] == 4
         if expected == 2:
             triton_chat = {**chat, "model": "acme/triton-demo"}
             reply = httpx.post(f"{base}/v1/chat/completions", json=triton_chat, headers=headers, timeout=30)

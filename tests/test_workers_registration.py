@@ -178,3 +178,37 @@ def test_local_gpu_metadata_degrades_without_a_gpu_and_registers_cleanly(tmp_pat
         assert not {"serial", "uuid"} & set(gpu)
     doc = json.loads(SPEC_CUDA) | {"gpu_metadata": metadata}
     run("registerworker", write(tmp_path, doc))
+
+
+def test_a_triton_embedding_worker_needs_only_its_embeddings_names():
+    from django.core.exceptions import ValidationError
+
+    from workers.registration import registration_validate
+
+    make_model(model_id="acme/tri-embed")
+    names = {
+        "model_name": "text_embedding",
+        "input_name": "text_input",
+        "output_name": "embedding",
+        "prompt_tokens_output_name": "prompt_tokens",
+    }
+    doc = {
+        "worker_id": "triton-embed",
+        "runtime": "triton",
+        "runtime_endpoint": "http://triton:8000",
+        "supported_models": ["acme/tri-embed"],
+        "runtime_config": {"embeddings": names},
+    }
+    assert registration_validate(doc).runtime_config["embeddings"] == names
+    for config, field in (
+        ({"embeddings": {**names, "output_name": ""}}, "runtime_config.embeddings.output_name"),
+        ({"embeddings": {**names, "pooling": "mean"}}, "runtime_config.embeddings.pooling"),
+        ({"embeddings": "text_embedding"}, "runtime_config.embeddings"),
+        ({"embeddings": names, "model_name": "text_generation"}, "runtime_config.input_name"),
+    ):
+        with pytest.raises(ValidationError) as info:
+            registration_validate({**doc, "runtime_config": config})
+        assert field in info.value.message_dict
+    with pytest.raises(ValidationError) as info:
+        registration_validate({**doc, "runtime": "cuda", "runtime_config": {"embeddings": names}})
+    assert "runtime_config.embeddings" in info.value.message_dict
