@@ -19,10 +19,12 @@ from uuid import UUID
 
 import psycopg
 from django.db import connection
+from psycopg_pool import PoolTimeout
 
 from accounts.models import Account
 from billing.models import LedgerEntry, Reservation, UsageRecord
-from core.pgpool import get_pool
+from core.outages import PSYCOPG_DB_ERRORS, DatabaseUnavailable
+from core.pgpool import discard_pool, get_pool
 
 _ACCOUNT = Account._meta.db_table
 _RESERVATION = Reservation._meta.db_table
@@ -197,10 +199,21 @@ def execute(statement: Statement) -> UsageRecord | bool | None:
 
 
 async def execute_async(statement: Statement) -> UsageRecord | bool | None:
-    """Run on this event loop's pool: no thread hop; each statement is its own transaction."""
+    """Run on this event loop's pool: no thread hop; each statement is its own transaction.
+
+    An unreachable database raises core.outages.DatabaseUnavailable within about
+    SPEEDINFER_DB_TIMEOUT (twice that at worst, when a broken connection is retried once).
+    """
+    try:
+        return await _execute_async(statement)
+    except PSYCOPG_DB_ERRORS as exc:
+        raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
+
+
+async def _execute_async(statement: Statement) -> UsageRecord | bool | None:
     global statements_on_pool
     for attempt in (1, 2):
-        pool = await get_pool()
+        pool = await get_pool()  # a pool that cannot connect fails its opening within the timeout
         sent = False
         try:
             async with pool.connection() as conn:
@@ -209,6 +222,9 @@ async def execute_async(statement: Statement) -> UsageRecord | bool | None:
                 row = await cursor.fetchone()
                 names = [col.name for col in cursor.description or ()]
             break
+        except PoolTimeout:
+            discard_pool(pool)
+            raise
         except psycopg.errors.UniqueViolation:
             # Only a re-sent reserve gets here: the first try committed before its connection
             # broke, so the hold (under this reservation id) already stands.
@@ -221,6 +237,8 @@ async def execute_async(statement: Statement) -> UsageRecord | bool | None:
             # three: a reserve carries its own reservation id, a settle or release only claims a
             # reservation still held.
             if attempt == 2 or not sent or not conn.broken:
+                if not sent or conn.broken:
+                    discard_pool(pool)
                 raise
             await pool.check()  # a restart broke the idle ones too: drop them all before the retry
     statements_on_pool += 1

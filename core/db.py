@@ -10,7 +10,8 @@ warm request's key, models and workers come from memory, and its money
 statements from core.pgpool), so the check's round trip costs little.
 Calls run on the loop's thread pool rather than asgiref's single
 "thread-sensitive" thread, so concurrent cold requests do not queue behind
-each other; each call is self-contained.
+each other; each call is self-contained. A database that cannot be reached raises
+core.outages.DatabaseUnavailable (the gateway's 503 service_unavailable).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any, ParamSpec, TypeVar
 from asgiref.sync import sync_to_async
 from django.db import connection
 
+from core.outages import DJANGO_DB_ERRORS, DatabaseUnavailable
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -29,7 +32,12 @@ R = TypeVar("R")
 def db_call(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
     @functools.wraps(func)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        connection.close_if_unusable_or_obsolete()
-        return func(*args, **kwargs)
+        try:
+            connection.close_if_unusable_or_obsolete()
+            return func(*args, **kwargs)
+        except DJANGO_DB_ERRORS as exc:
+            # Django marks the connection as having erred, so the next call's check above drops it
+            # and connects afresh: the service comes back by itself when the database does.
+            raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
 
     return sync_to_async(run, thread_sensitive=False)

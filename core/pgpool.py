@@ -67,10 +67,13 @@ async def _open() -> AsyncConnectionPool:
         # No per-checkout check: it is a round trip on every request. A connection that broke is
         # discarded by the pool when it comes back with an error, and max_lifetime recycles the rest.
         max_lifetime=600,
+        # A checkout waits this long at most (the default is 30 s): an unreachable database is a
+        # prompt 503, not a hang. The connect itself is bounded by connect_timeout in the options.
+        timeout=settings.SPEEDINFER_DB_TIMEOUT,
         open=False,
         name="speedinfer-gateway",
     )
-    await pool.open(wait=True, timeout=settings.SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT)
+    await pool.open(wait=True, timeout=settings.SPEEDINFER_DB_TIMEOUT)  # closes the pool when it times out
     return pool
 
 
@@ -82,6 +85,25 @@ async def get_pool() -> AsyncConnectionPool:
         future = loop.create_task(_open())
         _pools[loop] = future
     return await asyncio.shield(future)
+
+
+def discard_pool(pool: AsyncConnectionPool) -> None:
+    """The database was unreachable through `pool`: the next caller opens a new one.
+
+    The pool's own reconnection backs off exponentially (1, 2, 4 ... s), so after an outage it could
+    come back long after the database did; a fresh pool connects at once, and a pool that cannot
+    connect fails its opening within SPEEDINFER_DB_TIMEOUT (then the next request tries again).
+    """
+    loop = asyncio.get_running_loop()
+    future = _pools.get(loop)
+    if future is not None and future.done() and future.exception() is None and future.result() is pool:
+        del _pools[loop]
+    task = loop.create_task(pool.close(timeout=settings.SPEEDINFER_DB_TIMEOUT))
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+_closing: set[asyncio.Task[None]] = set()  # strong refs until done (the loop keeps only weak ones)
 
 
 async def close_pool() -> None:

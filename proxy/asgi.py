@@ -17,6 +17,7 @@ from catalog.models import PublicModel
 from core.credits import format_credits
 from core.db import db_call
 from core.metrics import observe_request
+from core.outages import DB_ERRORS, DatabaseUnavailable, RedisUnavailable
 from core.request_log import log_request
 from proxy.errors import GatewayError
 from proxy.exchange import Exchange, Receive, Scope, Send
@@ -125,6 +126,15 @@ async def gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
     except GatewayError as error:
         if not ex.response_started:
             await ex.respond_error(error)
+    except (DatabaseUnavailable, RedisUnavailable, *DB_ERRORS) as exc:
+        log.warning("request %s: %s unreachable: %s", ex.request_id, _dependency(exc), exc)
+        if not ex.response_started:
+            what = _UNAVAILABLE[_dependency(exc)]
+            await ex.respond_error(
+                GatewayError(
+                    503, "service_unavailable", f"the {what} cannot be reached; nothing was charged; retry shortly"
+                )
+            )
     except Exception:
         log.exception("request %s failed", ex.request_id)
         if not ex.response_started:
@@ -133,6 +143,13 @@ async def gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
         ex.outcome.endpoint = path if route is not None else "other"
         observe_request(ex.outcome)
         log_request(ex.outcome)
+
+
+_UNAVAILABLE = {"database": "service's database", "redis": "rate-limit store"}
+
+
+def _dependency(exc: Exception) -> str:
+    return "redis" if isinstance(exc, RedisUnavailable) else "database"
 
 
 def with_gateway(django_app: Any) -> ASGIApp:

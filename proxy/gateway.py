@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,11 +38,13 @@ from billing.pricing import cost_of, prompt_token_bound
 from billing.services import InsufficientCredits, reservation_release_async, reservation_settle_async
 from catalog import cache as catalog
 from catalog.models import PublicModel
+from core.outages import DatabaseUnavailable
 from core.outcome import RequestOutcome
 from proxy.embeddings import parse_embeddings
 from proxy.errors import GatewayError
 from proxy.exchange import Exchange
 from proxy.payloads import parse_completion
+from proxy.pending import pending_close
 from proxy.ratelimit import rate_limit_admit, rate_limit_refund
 from proxy.services import request_reserve
 from runtimes.embeddings import generates_text, openai_embed, triton_embed
@@ -99,21 +102,38 @@ class _Call:
 
     async def settle(self, usage: Usage, status: str = UsageRecord.Status.OK) -> None:
         self.closed = True
-        await reservation_settle_async(
-            reservation_id=self.reservation_id,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            outcome=self._outcome(),
-            status=status,
-        )
+        outcome = self._outcome()
+
+        def close() -> Awaitable[object]:
+            return reservation_settle_async(
+                reservation_id=self.reservation_id,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                outcome=outcome,
+                status=status,
+            )
+
+        await _close_or_queue("settle", self.reservation_id, close)
 
     async def release(self, error_code: str) -> None:
         if self.closed or self.reservation_id is None:
             return
         self.closed = True
-        await reservation_release_async(
-            reservation_id=self.reservation_id, error_code=error_code, outcome=self._outcome()
-        )
+        outcome = self._outcome()
+
+        def close() -> Awaitable[object]:
+            return reservation_release_async(reservation_id=self.reservation_id, error_code=error_code, outcome=outcome)
+
+        await _close_or_queue("release", self.reservation_id, close)
+
+
+async def _close_or_queue(what: str, reservation_id: object, close: Callable[[], Awaitable[object]]) -> None:
+    """Settle or release now; with the database unreachable, queue it (proxy.pending) and go on: the
+    worker's answer still reaches the client, and the close is written as soon as the database is back."""
+    try:
+        await close()
+    except DatabaseUnavailable:
+        pending_close(what=what, reservation_id=reservation_id, close=close)
 
 
 async def handle_completion(ex: Exchange, endpoint: str) -> None:
@@ -376,6 +396,8 @@ async def _worker_failed(call: _Call, worker: WorkerTarget, error: WorkerError, 
     return when the caller may try the next worker (a first attempt whose failure reached no client),
     else release the reservation (nothing is charged) and raise the client's error."""
     _log_worker_error(call, worker, error)
+    if error.unreachable:
+        routing.mark_unreachable(worker.worker_id)
     if error.counts_against_circuit:
         await routing.record_failure(worker.worker_id, reason=error.code)
         if attempt == 0 and len(call.workers) > 1:

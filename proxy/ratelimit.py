@@ -13,19 +13,29 @@ tokens limit ends up counting the worker's actual usage.
 
 With REDIS_URL, one Lua script per check reads and updates both buckets
 atomically on the Redis clock, so the limit holds across every gateway
-process; without it, the same arithmetic runs in this process.
+process; without it, the same arithmetic runs in this process. When Redis cannot be
+reached, SPEEDINFER_REDIS_OUTAGE says what happens: `local` (the default) falls back
+to this process's buckets, `fail` answers 503 service_unavailable.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from dataclasses import dataclass
 
+import redis.exceptions
 from django.conf import settings
 
 from accounts.key_cache import KeyInfo
+from core.outages import RedisUnavailable
+
+log = logging.getLogger("speedinfer.gateway")
+
+# Redis did not answer in time or refused the connection (redis-py's own errors, and the OS's).
+_REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError, TimeoutError)
 
 _WINDOW_MS = 60_000
 
@@ -178,10 +188,32 @@ def _redis_scripts() -> tuple[object, object]:
     loop_id = id(asyncio.get_running_loop())
     found = _scripts.get(loop_id)
     if found is None:
-        client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+        timeout = settings.SPEEDINFER_REDIS_TIMEOUT
+        client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=timeout, socket_timeout=timeout)
         found = (client.register_script(_ADMIT), client.register_script(_REFUND))
         _scripts[loop_id] = found
     return found
+
+
+def _redis_down(exc: Exception) -> None:
+    """Redis did not answer: with SPEEDINFER_REDIS_OUTAGE=fail the request gets 503, else this
+    process's own buckets stand in (each process then limits on its own) until Redis answers again."""
+    global _outage
+    if settings.SPEEDINFER_REDIS_OUTAGE == "fail":
+        raise RedisUnavailable(str(exc) or type(exc).__name__) from exc
+    if not _outage:
+        _outage = True
+        log.warning("Redis is unreachable (%s): rate limits fall back to this process's limiter", type(exc).__name__)
+
+
+def _redis_up() -> None:
+    global _outage
+    if _outage:
+        _outage = False
+        log.warning("Redis is reachable again: rate limits are shared across processes again")
+
+
+_outage = False  # logged once per outage, not once per request
 
 
 async def rate_limit_admit(*, key: KeyInfo, tokens: int) -> Decision:
@@ -191,7 +223,12 @@ async def rate_limit_admit(*, key: KeyInfo, tokens: int) -> Decision:
     if not settings.REDIS_URL:
         return _local.admit(key, tokens)
     admit, _ = _redis_scripts()
-    allowed, wait, rl, tl = await admit(keys=list(_bucket_names(key)), args=[key.rpm or 0, key.tpm or 0, tokens])  # type: ignore[operator]
+    try:
+        allowed, wait, rl, tl = await admit(keys=list(_bucket_names(key)), args=[key.rpm or 0, key.tpm or 0, tokens])  # type: ignore[operator]
+    except _REDIS_ERRORS as exc:
+        _redis_down(exc)
+        return _local.admit(key, tokens)
+    _redis_up()
     return Decision(bool(allowed), int(wait), int(rl), int(tl))
 
 
@@ -203,4 +240,8 @@ async def rate_limit_refund(*, key: KeyInfo, tokens: int) -> None:
         _local.refund(key, tokens)
         return
     _, refund = _redis_scripts()
-    await refund(keys=[_bucket_names(key)[1]], args=[key.tpm, tokens])  # type: ignore[operator]
+    try:
+        await refund(keys=[_bucket_names(key)[1]], args=[key.tpm, tokens])  # type: ignore[operator]
+    except _REDIS_ERRORS:
+        # Never fails the request (its answer is out); the local buckets took the admit, if any.
+        _local.refund(key, tokens)

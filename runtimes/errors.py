@@ -18,9 +18,11 @@ class WorkerError(Exception):
     code = "upstream_error"
     counts_against_circuit = True
 
-    def __init__(self, message: str, *, detail: str = "") -> None:
+    def __init__(self, message: str, *, detail: str = "", unreachable: bool = False) -> None:
         super().__init__(message)
         self.message = message
+        # The connection itself was refused or failed: the gateway stops choosing the worker at once.
+        self.unreachable = unreachable
         # Upstream's own words, for the logs only: may name endpoints, so never sent to clients.
         self.detail = detail
 
@@ -62,6 +64,8 @@ def http_failures(
         yield
     except (httpx.TimeoutException, TimeoutError) as exc:
         raise UpstreamTimeout(f"{who} {timed_out}", detail=repr(exc)) from None
+    except httpx.ConnectError as exc:
+        raise UpstreamError(f"{who} {broken}", detail=repr(exc), unreachable=True) from None
     except httpx.HTTPError as exc:
         raise UpstreamError(f"{who} {broken}", detail=repr(exc)) from None
 

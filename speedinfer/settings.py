@@ -6,6 +6,7 @@ in-process cache, broker and channel layer. Set, they give PostgreSQL and Redis.
 
 from __future__ import annotations
 
+import math
 import secrets
 from pathlib import Path
 from typing import Any
@@ -98,12 +99,23 @@ TEMPLATES = [
 ]
 
 
+# Seconds a database connection (Django's, or the gateway pool's connect and checkout) may take before
+# the request gets 503 service_unavailable instead of a hang; Redis's connect and reply likewise.
+SPEEDINFER_DB_TIMEOUT = env_float("SPEEDINFER_DB_TIMEOUT", 2.0, minimum=0.1)
+SPEEDINFER_REDIS_TIMEOUT = env_float("SPEEDINFER_REDIS_TIMEOUT", 1.0, minimum=0.1)
+# Redis unreachable: `local` serves rate-limited keys with this process's own limiter, `fail` answers 503.
+SPEEDINFER_REDIS_OUTAGE = env_choice("SPEEDINFER_REDIS_OUTAGE", "local", choices=("local", "fail"))
+
+
 def _databases() -> dict[str, Any]:
     if DATABASE_URL:
         try:
             config = dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True)
         except Exception as exc:  # dj_database_url raises several types for bad URLs
             raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
+        if config["ENGINE"].endswith("postgresql"):
+            # libpq counts whole seconds (and at least 2); the pool reads the same option.
+            config.setdefault("OPTIONS", {}).setdefault("connect_timeout", max(2, math.ceil(SPEEDINFER_DB_TIMEOUT)))
         return {"default": config}
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     return {
@@ -125,10 +137,19 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if REDIS_URL:
     CACHES: dict[str, Any] = {
-        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "OPTIONS": {
+                "socket_connect_timeout": SPEEDINFER_REDIS_TIMEOUT,
+                "socket_timeout": SPEEDINFER_REDIS_TIMEOUT,
+            },
+        }
     }
+    # Connect timeout only: the layer's receive is a blocking pop that waits longer than any read timeout.
+    _REDIS_HOST = {"address": REDIS_URL, "socket_connect_timeout": SPEEDINFER_REDIS_TIMEOUT}
     CHANNEL_LAYERS: dict[str, Any] = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [_REDIS_HOST]}}
     }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

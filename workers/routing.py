@@ -39,6 +39,7 @@ class _Entry:
     failures: int
     opened_at: datetime | None
     claimed_at: datetime | None
+    last_probe_at: datetime | None
 
 
 @dataclass(slots=True)
@@ -51,6 +52,9 @@ _EMPTY = _Snapshot(entries={}, loaded_at=float("-inf"))
 _snapshot: _Snapshot = _EMPTY
 _refreshing: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[_Snapshot]] = weakref.WeakKeyDictionary()
 _in_flight: dict[str, int] = {}
+# Workers this process could not connect to, with the last probe time the snapshot knew then: they
+# are skipped until a later probe has looked at them (and, if it found them healthy, they return).
+_unreachable: dict[str, datetime | None] = {}
 
 
 def _load() -> _Snapshot:
@@ -66,6 +70,7 @@ def _load() -> _Snapshot:
             failures=w.consecutive_failures,
             opened_at=w.circuit_opened_at,
             claimed_at=w.half_open_claimed_at,
+            last_probe_at=w.last_probe_at,
         )
     return _Snapshot(entries=entries, loaded_at=time.monotonic())
 
@@ -80,9 +85,10 @@ def _store(snap: _Snapshot) -> _Snapshot:
     return snap
 
 
-# A snapshot up to this many TTLs old is served while a refresh runs beside the request, so the one
-# request a second that finds it stale does not wait for the query (it did: ~2 ms at c1 in make bench).
-_SERVE_STALE_TTLS = 5
+# A stale snapshot is served while a refresh runs beside the request, so the one request a second that
+# finds it stale does not wait for the query (it did: ~2 ms at c1 in make bench); but only this long
+# past the TTL, so a worker a probe marked down stops taking traffic within TTL + this (CONTRACT).
+_STALE_GRACE = 0.5
 
 
 async def _current() -> _Snapshot:
@@ -90,15 +96,24 @@ async def _current() -> _Snapshot:
     snap = _snapshot
     if _fresh(snap):
         return snap
+    task = _refresh_task()
+    ttl = settings.SPEEDINFER_ROUTING_CACHE_TTL
+    if ttl > 0 and time.monotonic() - snap.loaded_at < ttl + min(ttl, _STALE_GRACE):
+        return snap
+    return await asyncio.shield(task)
+
+
+def _refresh_task() -> asyncio.Task[_Snapshot]:
+    """This loop's refresh, started if none runs (concurrent callers share it)."""
     loop = asyncio.get_running_loop()
     task = _refreshing.get(loop)
     if task is None or task.done():
         task = asyncio.ensure_future(_refresh_async())
+        # A refresh nobody awaited (its requests were served the stale snapshot) may fail with the
+        # database down: read its exception so the loop does not log it as never retrieved.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
         _refreshing[loop] = task
-    ttl = settings.SPEEDINFER_ROUTING_CACHE_TTL
-    if ttl > 0 and time.monotonic() - snap.loaded_at < ttl * _SERVE_STALE_TTLS:
-        return snap
-    return await asyncio.shield(task)
+    return task
 
 
 async def _refresh_async() -> _Snapshot:
@@ -149,7 +164,21 @@ def circuit_is_clean(worker_id: str) -> bool:
 
 
 def _serves(entry: _Entry, model_id: str) -> bool:
-    return entry.healthy and model_id in entry.models and model_id in entry.ready_models
+    if not (entry.healthy and model_id in entry.models and model_id in entry.ready_models):
+        return False
+    worker_id = entry.view.worker_id
+    if worker_id in _unreachable:
+        if _unreachable[worker_id] == entry.last_probe_at:
+            return False
+        del _unreachable[worker_id]  # probed since, and found healthy
+    return True
+
+
+def mark_unreachable(worker_id: str) -> None:
+    """This process's connection to the worker was refused: stop choosing it at once, until a probe
+    newer than what this process knows says it is healthy (the circuit counts the failure as well)."""
+    entry = _snapshot.entries.get(worker_id)
+    _unreachable[worker_id] = entry.last_probe_at if entry is not None else None
 
 
 def _trial_due(entry: _Entry, now: datetime) -> bool:
@@ -160,6 +189,10 @@ async def eligible_workers(model_id: str) -> list[WorkerTarget]:
     """Enabled, healthy, circuit closed (or this caller won the half-open trial), declaring
     `model_id`, and with that model ready; ordered by preference (least in-flight first)."""
     snap = await _current()
+    if not _fresh(snap) and not any(_serves(e, model_id) for e in snap.entries.values()):
+        # A stale snapshot with no worker for the model: a worker may have just come back, so this
+        # request waits for the refresh rather than answering no_healthy_worker from old news.
+        snap = await asyncio.shield(_refresh_task())
     now = timezone.now()
     closed: list[_Entry] = []
     trials: list[WorkerTarget] = []
