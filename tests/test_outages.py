@@ -1,0 +1,243 @@
+"""Dependency outages (CONTRACT: 503 service_unavailable, never a hang, never a 500).
+
+The gateway runs as its own process (uvicorn) whose DATABASE_URL and REDIS_URL point at TCP
+forwarders (tests/tcp_forwarder.py); cutting a forwarder is, for the gateway, the database or Redis
+going away, while the test itself keeps its direct connection to read the ledger.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from django.conf import settings
+from django.db.models import Sum
+
+from accounts.models import Account
+from billing.models import LedgerEntry, Reservation, UsageRecord
+from tests.factories import make_account, make_key, make_model
+from tests.servers import register_worker
+from tests.tcp_forwarder import TcpForwarder
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not settings.DATABASE_URL, reason="the outage tests cut PostgreSQL"),
+]
+HELLO = {"model": "acme/model-1", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+
+
+def _forwarder(url: str, default_port: int) -> TcpForwarder:
+    parts = urlsplit(url)
+    return TcpForwarder(parts.hostname or "127.0.0.1", parts.port or default_port).start()
+
+
+def _via(url: str, forwarder: TcpForwarder) -> str:
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)
+    host = f"127.0.0.1:{forwarder.port}"
+    return parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host).geturl()
+
+
+@pytest.fixture
+def pg(subprocess_env: dict[str, str]) -> Iterator[TcpForwarder]:
+    forwarder = _forwarder(subprocess_env["DATABASE_URL"], 5432)
+    yield forwarder
+    forwarder.close()
+
+
+@pytest.fixture
+def redis_fwd() -> Iterator[TcpForwarder]:
+    if not settings.REDIS_URL:
+        pytest.skip("the Redis outage tests need REDIS_URL")
+    forwarder = _forwarder(settings.REDIS_URL, 6379)
+    yield forwarder
+    forwarder.close()
+
+
+class Gateway:
+    """speedinfer.asgi:application under uvicorn in a child process."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "speedinfer.asgi:application", "--port", str(self.port)]
+            + ["--log-level", "warning", "--no-access-log"],
+            env=env,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.url + "/health", timeout=1)
+                return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise RuntimeError("the gateway did not start")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+@pytest.fixture
+def gateway_factory(subprocess_env: dict[str, str]) -> Iterator[Any]:
+    started: list[Gateway] = []
+
+    def start(**env: str) -> Gateway:
+        gateway = Gateway({**subprocess_env, "SPEEDINFER_DB_TIMEOUT": "1", **env})
+        started.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in started:
+        gateway.stop()
+
+
+@pytest.fixture
+def worker_latency_ms() -> int:
+    return 0
+
+
+@pytest.fixture
+def world(simulator_factory: Any, worker_latency_ms: int, subprocess_env: dict[str, str]) -> dict[str, Any]:
+    make_model(model_id="acme/model-1", max_output_tokens=64)
+    account = make_account(name="customer", credits=10)
+    limited = make_key(account=account, rpm=1000, tpm=1_000_000)
+    register_worker(simulator_factory(latency_ms=worker_latency_ms).base_url)
+    return {
+        "account": account,
+        "secret": make_key(account=account).secret,
+        "limited": limited.secret,
+        "database_url": subprocess_env["DATABASE_URL"],
+    }
+
+
+def _post(gateway: Gateway, secret: str, timeout: float = 10) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json=HELLO,
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=timeout,
+    )
+    return response, time.monotonic() - started
+
+
+def _get(gateway: Gateway, path: str, secret: str) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = httpx.get(gateway.url + path, headers={"Authorization": f"Bearer {secret}"}, timeout=10)
+    return response, time.monotonic() - started
+
+
+def _assert_unavailable(response: httpx.Response, elapsed: float) -> None:
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "service_unavailable"
+    assert set(response.json()["error"]) == {"message", "type", "code", "param"}
+    assert elapsed < 3, elapsed
+
+
+def _assert_ledger_reconciles(account: Account) -> None:
+    after = Account.objects.get(pk=account.pk)
+    assert not Reservation.objects.filter(account=after, status="held").exists()
+    assert after.reserved == 0
+    ledger = LedgerEntry.objects.filter(account=after).aggregate(a=Sum("available_delta"), r=Sum("reserved_delta"))
+    assert (ledger["a"], ledger["r"]) == (after.available, after.reserved)
+
+
+def _recovered_after(gateway: Gateway, secret: str) -> float:
+    """Seconds until a chat request succeeds again."""
+    started = time.monotonic()
+    while time.monotonic() - started < 10:
+        response, _ = _post(gateway, secret)
+        if response.status_code == 200:
+            return time.monotonic() - started
+        assert response.status_code == 503, response.text
+        time.sleep(0.1)
+    raise AssertionError("the gateway did not recover")
+
+
+def test_database_cut_is_a_prompt_503_and_service_returns_by_itself(world, pg, gateway_factory):
+    gateway = gateway_factory(DATABASE_URL=_via(world["database_url"], pg))
+    assert _post(gateway, world["secret"])[0].status_code == 200
+
+    pg.stop()
+    response, elapsed = _post(gateway, world["secret"])
+    _assert_unavailable(response, elapsed)
+    print(f"database cut: chat 503 in {elapsed:.2f} s")
+    _assert_unavailable(*_get(gateway, "/v1/key", world["secret"]))
+    _assert_unavailable(*_get(gateway, "/v1/usage", world["secret"]))
+    health = httpx.get(gateway.url + "/health", timeout=10)
+    assert health.status_code == 503
+    assert health.json()["status"] == "unavailable" and health.json()["database"] == "unreachable"
+
+    pg.start()
+    recovered = _recovered_after(gateway, world["secret"])
+    assert recovered < 5, recovered
+    print(f"database restored: chat 200 again after {recovered:.2f} s")
+    assert httpx.get(gateway.url + "/health", timeout=10).json()["database"] == "ok"
+    _assert_ledger_reconciles(world["account"])
+
+
+@pytest.mark.parametrize("worker_latency_ms", [1500])  # time to cut the database between reserve and settle
+def test_settle_lost_to_a_cut_is_written_when_the_database_returns(world, pg, gateway_factory):
+    gateway = gateway_factory(DATABASE_URL=_via(world["database_url"], pg))
+    result: dict[str, Any] = {}
+    request = threading.Thread(target=lambda: result.update(answer=_post(gateway, world["secret"])))
+    request.start()
+    deadline = time.monotonic() + 5
+    while not Reservation.objects.filter(status="held").exists():  # reserved: the worker is thinking
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    pg.stop()
+    request.join(10)
+    response, _ = result["answer"]
+    # The worker answered, so the client gets its content; the settle waits for the database.
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    assert Reservation.objects.filter(status="held").count() == 1
+
+    pg.start()
+    restored = time.monotonic()
+    while Reservation.objects.filter(status="held").exists():
+        assert time.monotonic() - restored < 5, "the queued settle was not written"
+        time.sleep(0.1)
+    print(f"queued settle written {time.monotonic() - restored:.2f} s after the database returned")
+    reservation = Reservation.objects.get()
+    assert reservation.status == "settled"
+    record = UsageRecord.objects.get(reservation=reservation)
+    assert (record.prompt_tokens, record.completion_tokens) == (usage["prompt_tokens"], usage["completion_tokens"])
+    assert record.cost > 0  # the client got the content: it is paid for
+    _assert_ledger_reconciles(world["account"])
+
+
+def test_redis_cut_serves_from_the_local_limiter_or_503_as_configured(world, redis_fwd, gateway_factory):
+    local = gateway_factory(REDIS_URL=_via(settings.REDIS_URL, redis_fwd))
+    strict = gateway_factory(REDIS_URL=_via(settings.REDIS_URL, redis_fwd), SPEEDINFER_REDIS_OUTAGE="fail")
+    for gateway in (local, strict):
+        assert _post(gateway, world["limited"])[0].status_code == 200
+
+    redis_fwd.stop()
+    response, elapsed = _post(local, world["limited"])
+    print(f"redis cut: local fallback answered in {elapsed:.2f} s")
+    assert response.status_code == 200 and elapsed < 3, (response.text, elapsed)
+    assert response.headers["x-ratelimit-limit-requests"] == "1000"
+    _assert_unavailable(*_post(strict, world["limited"]))
+    assert _post(strict, world["secret"])[0].status_code == 200  # an unlimited key needs no Redis
+
+    redis_fwd.start()
+    recovered = _recovered_after(strict, world["limited"])
+    assert recovered < 5, recovered
+    print(f"redis restored: limited key served again after {recovered:.2f} s")
+    _assert_ledger_reconciles(world["account"])
+
