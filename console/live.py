@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Coroutine
 from typing import Any
 
+import redis.exceptions
 from asgiref.sync import SyncToAsync
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -43,6 +44,8 @@ _snapshot: tuple[float, frozenset[int]] | None = None  # (taken at, watched acco
 _refreshing = False
 _background: asyncio.AbstractEventLoop | None = None
 _background_lock = threading.Lock()
+_redis_outage = False
+_REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError, TimeoutError)
 
 
 def usage_group(account_id: int) -> str:
@@ -65,13 +68,29 @@ def usage_event(record: UsageRecord) -> dict[str, Any]:
     }
 
 
+def _redis_failed(exc: Exception, what: str) -> None:
+    """Redis unreachable: one warning per outage (not a traceback per request); anything else in full."""
+    global _redis_outage
+    if not isinstance(exc, _REDIS_ERRORS):
+        logger.exception("%s failed", what)
+    elif not _redis_outage:
+        _redis_outage = True
+        logger.warning("%s failed: Redis is unreachable (%s); live updates pause until it returns", what, exc)
+
+
+def _redis_ok() -> None:
+    global _redis_outage
+    _redis_outage = False
+
+
 async def _send(group: str, message: dict[str, Any]) -> None:
     try:
         layer = get_channel_layer()
         if layer is not None:
             await layer.group_send(group, message)
-    except Exception:
-        logger.exception("live usage push to %s failed", group)
+            _redis_ok()
+    except Exception as exc:
+        _redis_failed(exc, f"live usage push to {group}")
 
 
 def _start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> None:
@@ -107,7 +126,8 @@ def _target_loop() -> asyncio.AbstractEventLoop:
 def _redis() -> Any:
     import redis.asyncio as aioredis
 
-    return aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+    timeout = settings.SPEEDINFER_REDIS_TIMEOUT
+    return aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=timeout, socket_timeout=timeout)
 
 
 async def watch(account_id: int) -> None:
@@ -140,8 +160,9 @@ async def _refresh_snapshot() -> None:
         async with _redis() as client:
             counts = await client.hgetall(_WATCHERS)
         _snapshot = (time.monotonic(), frozenset(int(k) for k, v in counts.items() if int(v) > 0))
-    except Exception:
-        logger.exception("reading the live feed's watchers failed")
+        _redis_ok()
+    except Exception as exc:
+        _redis_failed(exc, "reading the live feed's watchers")
     finally:
         _refreshing = False
 
