@@ -126,7 +126,7 @@ async def gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
     except GatewayError as error:
         if not ex.response_started:
             await ex.respond_error(error)
-    except (DatabaseUnavailable, RedisUnavailable, *DB_ERRORS) as exc:
+    except _UNREACHABLE as exc:
         log.warning("request %s: %s unreachable: %s", ex.request_id, _dependency(exc), exc)
         if not ex.response_started:
             what = _UNAVAILABLE[_dependency(exc)]
@@ -145,6 +145,7 @@ async def gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
         log_request(ex.outcome)
 
 
+_UNREACHABLE: tuple[type[Exception], ...] = (DatabaseUnavailable, RedisUnavailable, *DB_ERRORS)
 _UNAVAILABLE = {"database": "service's database", "redis": "rate-limit store"}
 
 
