@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,7 @@ from runtimes.request import EMBEDDINGS, CompletionParams, Usage, usage_from
 from runtimes.sse import DONE, sse_data
 from runtimes.target import WorkerTarget
 from runtimes.triton import triton_complete
+from runtimes.triton_stream import triton_stream_chunks, triton_stream_complete, triton_stream_open, triton_streams
 from workers import routing
 
 log = logging.getLogger("speedinfer.gateway")
@@ -179,14 +180,14 @@ async def handle_completion(ex: Exchange, endpoint: str) -> None:
 async def _select(params: CompletionParams) -> list[WorkerTarget]:
     workers = await routing.eligible_workers(params.model)
     if params.stream:
-        streamable = [w for w in workers if w.transport == "openai"]
+        streamable = [w for w in workers if w.transport == "openai" or triton_streams(w)]
         if not streamable:
             declared = {w.transport for w in workers} or await routing.model_transports_async(params.model)
             if declared and "openai" not in declared:
                 raise GatewayError(
                     400,
                     "streaming_unsupported",
-                    f"the model '{params.model}' is served by direct Triton workers, which do not stream; "
+                    f"the model '{params.model}' is served by direct Triton workers that do not stream; "
                     "send stream: false",
                     param="stream",
                 )
@@ -220,6 +221,8 @@ async def _reserve_for(call: _Call) -> None:
 async def _forward_once(call: _Call, worker: WorkerTarget) -> tuple[dict[str, Any], Usage]:
     if call.params.endpoint == EMBEDDINGS:
         forward = openai_embed if worker.transport == "openai" else triton_embed
+    elif triton_streams(worker):
+        forward = triton_stream_complete  # its model is decoupled: /infer would refuse it
     elif generates_text(worker):
         forward = openai_complete if worker.transport == "openai" else triton_complete
     else:
@@ -267,10 +270,7 @@ async def _stream(call: _Call) -> None:
             routing.acquire(worker.worker_id)
             counted = worker.worker_id
             try:
-                response = await openai_stream_open(
-                    worker=worker, params=call.params, max_tokens=call.max_tokens, request_id=ex.request_id
-                )
-                events = sse_data(response)
+                response, events = await _stream_open(call, worker)
                 first = await anext(events, None)
                 if first is None:
                     raise RuntimeUsageUnavailable("the worker's stream ended without any event; nothing was charged")
@@ -306,6 +306,16 @@ async def _stream(call: _Call) -> None:
         if response is not None:
             await response.aclose()
         await call.release("internal_error")  # only if something above raised unexpectedly
+
+
+async def _stream_open(call: _Call, worker: WorkerTarget) -> tuple[httpx.Response, AsyncIterator[bytes]]:
+    """The upstream stream and its OpenAI chunk payloads, for either transport."""
+    params, max_tokens, request_id = call.params, call.max_tokens, call.ex.request_id
+    if worker.transport == "openai":
+        response = await openai_stream_open(worker=worker, params=params, max_tokens=max_tokens, request_id=request_id)
+        return response, sse_data(response)
+    response = await triton_stream_open(worker=worker, params=params, max_tokens=max_tokens, request_id=request_id)
+    return response, triton_stream_chunks(response, worker=worker, params=params, max_tokens=max_tokens)
 
 
 async def _relay(call: _Call, first: bytes, events: Any, response: httpx.Response) -> None:

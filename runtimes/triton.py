@@ -244,12 +244,25 @@ def render_chat_prompt(messages: list[dict[str, Any]], runtime_config: dict[str,
     return "".join(parts)
 
 
+def triton_prompt(params: CompletionParams, runtime_config: dict[str, Any]) -> str:
+    """The prompt text a Triton model is sent: chat messages rendered, or the completion prompt."""
+    return render_chat_prompt(params.messages, runtime_config) if params.endpoint == CHAT else params.prompt
+
+
 async def triton_complete(
     *, worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
 ) -> tuple[dict[str, Any], Usage]:
     """Direct Triton (HTTP v2): render the prompt, infer, and answer in OpenAI's shape."""
-    prompt = render_chat_prompt(params.messages, worker.runtime_config) if params.endpoint == CHAT else params.prompt
-    result = await triton_infer(worker=worker, prompt=prompt, max_tokens=max_tokens)
+    result = await triton_infer(
+        worker=worker, prompt=triton_prompt(params, worker.runtime_config), max_tokens=max_tokens
+    )
+    return completion_answer(params=params, result=result, max_tokens=max_tokens)
+
+
+def completion_answer(
+    *, params: CompletionParams, result: TritonResult, max_tokens: int
+) -> tuple[dict[str, Any], Usage]:
+    """A Triton result as OpenAI's chat.completion or text_completion object, and its usage."""
     usage = Usage(result.prompt_tokens, result.completion_tokens)
     finish = "length" if usage.completion_tokens >= max_tokens else "stop"
     suffix = uuid.uuid4().hex[:24]

@@ -175,8 +175,14 @@ def _check_config(config: dict[str, Any], *, transport: str, models: list[str]) 
         _check_chat_template(config.get("chat_template"))
         if embeddings is not None:
             _check_embeddings(embeddings)
+        _check_streaming(config)
     elif embeddings is not None:
         raise _error("runtime_config.embeddings", "is for the triton transport; OpenAI-compatible workers need none")
+    elif "streaming" in config or "generate_inputs" in config:
+        key = "streaming" if "streaming" in config else "generate_inputs"
+        raise _error(
+            f"runtime_config.{key}", "is for the triton transport only; OpenAI-compatible workers always stream"
+        )
     model_map = config.get("model_map")
     if model_map is not None:
         if not isinstance(model_map, dict):
@@ -200,6 +206,30 @@ def _check_embeddings(value: Any) -> None:
             raise _error(f"{name}.{key}", f"unknown key; expected one of {', '.join(EMBEDDING_NAMES)}")
     for key in EMBEDDING_NAMES:
         _nonempty_str(value.get(key), f"{name}.{key}")
+
+
+def _check_streaming(config: dict[str, Any]) -> None:
+    """`streaming` opts a Triton worker in to generate_stream; `generate_inputs` are extra flat inputs
+    sent with it (TensorRT-LLM's ensemble returns counts only when asked: return_num_input_tokens)."""
+    streaming = config.get("streaming")
+    if streaming is not None and streaming != "generate_stream":
+        raise _error("runtime_config.streaming", "must be 'generate_stream' (Triton's generate extension), or absent")
+    if streaming is not None and config.get("model_name") is None:
+        raise _error("runtime_config.model_name", "is required for streaming (the decoupled text model)")
+    extra = config.get("generate_inputs")
+    if extra is None:
+        return
+    name = "runtime_config.generate_inputs"
+    if streaming is None:
+        raise _error(name, "needs runtime_config.streaming = 'generate_stream'")
+    if not isinstance(extra, dict):
+        raise _error(name, "must be an object {input_name: value}")
+    reserved = {config.get("input_name"), config.get("max_tokens_input_name"), "stream"}
+    for key, value in extra.items():
+        if key in reserved:
+            raise _error(f"{name}.{key}", "is set by SpeedInfer from the request")
+        if isinstance(value, dict | list) or value is None:
+            raise _error(f"{name}.{key}", "must be a string, a number or a boolean")
 
 
 def _check_chat_template(template: Any) -> None:
