@@ -62,7 +62,15 @@ def test_server_and_model_readiness(triton_server):
 
 def test_repository_index_lists_the_ready_models(triton_server):
     names = check(triton_repository_index(worker=view(triton_server.url), http_timeout=TIMEOUT))
-    assert names == ["text_failing", "text_generation", "text_no_counts", "text_trtllm_names"]
+    assert names == [
+        "text_failing",
+        "text_generation",
+        "text_no_counts",
+        "text_stream",
+        "text_stream_failing",
+        "text_stream_no_counts",
+        "text_trtllm_names",
+    ]
 
 
 def test_infer_returns_text_and_the_models_own_counts(triton_server):
