@@ -6,7 +6,9 @@ OpenAI-compatible transport, serving the demo model and the demo embedding model
 (DEMO_EMBED_MODEL: the simulator answers POST /v1/embeddings too). Where the real Triton
 server is installed (`make triton`), it also starts one on
 SPEEDINFER_DEMO_TRITON_PORT (8101) over tests/triton_models and registers it,
-with spec 002's registration, as a direct Triton worker for DEMO_TRITON_MODEL.
+with spec 002's registration, as a direct Triton worker for DEMO_TRITON_MODEL, and a second Triton
+worker over the decoupled model `text_stream` with `"streaming": "generate_stream"` for
+DEMO_TRITON_STREAM_MODEL, so `stream: true` works from Triton too.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ DEMO_EMBED_MODEL = "acme/embed-1"
 DEMO_WORKER_ID = "demo-cuda-simulator"
 DEMO_TRITON_MODEL = "acme/triton-demo"
 DEMO_TRITON_WORKER_ID = "demo-triton"
+DEMO_TRITON_STREAM_MODEL = "acme/triton-stream-demo"
+DEMO_TRITON_STREAM_WORKER_ID = "demo-triton-stream"
 
 
 def simulator_port() -> int:
@@ -67,5 +71,27 @@ def seed_workers() -> None:
                 "completion_tokens_output_name": "completion_tokens",
             },
             "runtime_metadata": {"backend": "python (CPU)"},
+        }
+    )
+    # A decoupled model (one word per response, 100 ms apart) behind Triton's generate extension, with
+    # TensorRT-LLM's count names: the registration a TensorRT-LLM ensemble takes (see README, Workers).
+    model_register(model_id=DEMO_TRITON_STREAM_MODEL, input_price=MICRO // 2, output_price=MICRO, max_output_tokens=256)
+    worker_register(
+        data={
+            "worker_id": DEMO_TRITON_STREAM_WORKER_ID,
+            "worker_type": "nvidia-gpu",
+            "runtime": "triton",
+            "runtime_endpoint": f"http://127.0.0.1:{triton_port()}",
+            "supported_models": [DEMO_TRITON_STREAM_MODEL],
+            "runtime_config": {
+                "model_name": "text_stream",
+                "input_name": "text_input",
+                "max_tokens_input_name": "max_tokens",
+                "output_name": "text_output",
+                "prompt_tokens_output_name": "num_input_tokens",
+                "completion_tokens_output_name": "num_output_tokens",
+                "streaming": "generate_stream",
+            },
+            "runtime_metadata": {"backend": "python (CPU), decoupled"},
         }
     )

@@ -54,7 +54,7 @@ def test_the_embedded_demo_serves_chat_streaming_and_triton(tmp_path):
     )
     base = f"http://127.0.0.1:{gateway}"
     try:
-        expected = 2 if triton_installed() else 1
+        expected = 3 if triton_installed() else 1
         deadline = time.monotonic() + 90
         health: dict = {}
         while time.monotonic() < deadline:
@@ -79,7 +79,7 @@ def test_the_embedded_demo_serves_chat_streaming_and_triton(tmp_path):
         embedding = {"model": "acme/embed-1", "input": ["Explain", "the request path"]}
         vectors = httpx.post(f"{base}/v1/embeddings", json=embedding, headers=headers, timeout=30)
         assert vectors.status_code == 200 and vectors.json()["usage"]["prompt_tokens"] == 4
-        if expected == 2:
+        if expected == 3:
             triton_chat = {**chat, "model": "acme/triton-demo"}
             reply = httpx.post(f"{base}/v1/chat/completions", json=triton_chat, headers=headers, timeout=30)
             assert reply.status_code == 200, reply.text
@@ -88,6 +88,12 @@ def test_the_embedded_demo_serves_chat_streaming_and_triton(tmp_path):
                 f"{base}/v1/chat/completions", json={**triton_chat, "stream": True}, headers=headers, timeout=30
             )
             assert refused.status_code == 400 and refused.json()["error"]["code"] == "streaming_unsupported"
+            streamed = {**chat, "model": "acme/triton-stream-demo", "stream": True}
+            with httpx.stream(
+                "POST", f"{base}/v1/chat/completions", json=streamed, headers=headers, timeout=30
+            ) as stream:
+                events = [line for line in stream.iter_lines() if line.startswith("data:")]
+            assert events[-1] == "data: [DONE]" and len(events) > 3  # one chunk per word from the decoupled model
     finally:
         demo.send_signal(signal.SIGTERM)
         demo.wait(timeout=60)

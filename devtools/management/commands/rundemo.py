@@ -46,7 +46,7 @@ class Command(SpeedInferCommand):
         except RuntimeError as exc:
             self.stderr.write(f"Triton demo worker not started: {str(exc).splitlines()[0]}")
             return None
-        self.stdout.write(f"Triton demo worker at {server.url} (model acme/triton-demo)")
+        self.stdout.write(f"Triton demo workers at {server.url} (models acme/triton-demo, acme/triton-stream-demo)")
         return server
 
     def run(self, *args: Any, **options: Any) -> None:
