@@ -35,6 +35,7 @@ RESULTS = ROOT / "bench" / "results"
 PY = sys.executable
 VENV_BIN = Path(PY).parent
 MODEL = "bench/model"
+TRITON_MODEL = "bench/triton-stream"
 PG_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/speedinfer_bench")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
 
@@ -375,6 +376,86 @@ def streaming(direct: Target, gateway: Target, *, deltas: int, delay_ms: int, ro
     }
 
 
+def seed_triton(env: dict[str, str], url: str) -> None:
+    """A streaming Triton worker over the decoupled test model `text_stream` (see README, Workers)."""
+    manage(env, "registermodel", TRITON_MODEL, "--input-price", "0.1", "--output-price", "0.2")
+    worker = {
+        "worker_id": "bench-triton-stream",
+        "worker_type": "nvidia-gpu",
+        "runtime": "triton",
+        "runtime_endpoint": url,
+        "supported_models": [TRITON_MODEL],
+        "runtime_config": {
+            "model_name": "text_stream",
+            "input_name": "text_input",
+            "max_tokens_input_name": "max_tokens",
+            "output_name": "text_output",
+            "prompt_tokens_output_name": "num_input_tokens",
+            "completion_tokens_output_name": "num_output_tokens",
+            "streaming": "generate_stream",
+        },
+    }
+    manage(env, "registerworker", "-", stdin=json.dumps(worker))
+    manage(env, "probeworkers")
+
+
+async def _first_text(
+    session: aiohttp.ClientSession, url: str, payload: dict[str, Any], headers: dict[str, str]
+) -> float:
+    """Seconds to the first event with text (Triton's text_output or an OpenAI completions chunk); reads to the end."""
+    t0 = time.perf_counter()
+    ttft = float("nan")
+    async with session.post(url, json=payload, headers=headers) as resp:
+        resp.raise_for_status()
+        async for raw_line in resp.content:
+            line = raw_line.strip()
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            event = json.loads(line[5:])
+            if "error" in event:
+                raise RuntimeError(f"stream failed: {event['error']}")
+            text = event.get("text_output") or (event.get("choices") or [{}])[0].get("text")
+            if text and ttft != ttft:
+                ttft = time.perf_counter() - t0
+    return ttft
+
+
+def triton_streaming(triton_url: str, gateway: Target, *, rounds: int) -> dict[str, Any]:
+    """Added time to first token through SpeedInfer for a streaming Triton worker, against Triton's own
+    generate_stream called directly (the same prompt; the model sends its first word at once)."""
+    prompt, tokens = "alpha beta gamma delta", 4
+    direct_url = f"{triton_url}/v2/models/text_stream/generate_stream"
+    direct_body = {"text_input": prompt, "max_tokens": tokens, "stream": True}
+    gateway_url = f"http://127.0.0.1:{gateway.port}/v1/completions"
+    gateway_body = {"model": TRITON_MODEL, "prompt": prompt, "max_tokens": tokens, "stream": True}
+    plain = {"Content-Type": "application/json"}
+
+    async def run() -> dict[str, list[float]]:
+        results: dict[str, list[float]] = {"direct": [], "gateway": []}
+        async with aiohttp.ClientSession() as session:
+            calls = {
+                "direct": lambda: _first_text(session, direct_url, direct_body, plain),
+                "gateway": lambda: _first_text(session, gateway_url, gateway_body, gateway.headers()),
+            }
+            for name in calls:  # warm-up
+                await calls[name]()
+            for r in range(rounds):
+                for name in ("direct", "gateway") if r % 2 == 0 else ("gateway", "direct"):
+                    results[name].append(await calls[name]())
+        return results
+
+    results = asyncio.run(run())
+    d, g = statistics.median(results["direct"]) * 1000, statistics.median(results["gateway"]) * 1000
+    return {"streams_each": rounds, "direct_ttft_p50_ms": d, "gateway_ttft_p50_ms": g, "added_ttft_p50_ms": g - d}
+
+
+def fmt_triton_stream(r: dict[str, Any]) -> str:
+    return (
+        f"ttft direct generate_stream {r['direct_ttft_p50_ms']:.2f} gateway {r['gateway_ttft_p50_ms']:.2f} "
+        f"(added {r['added_ttft_p50_ms']:.2f} ms, {r['streams_each']} streams each)"
+    )
+
+
 # ---------------------------------------------------------------------------- orchestration
 
 
@@ -398,6 +479,7 @@ def bench_profile(profile: str, args: argparse.Namespace, report: Report) -> Non
     var_dir = Path(tempfile.mkdtemp(prefix=f"speedinfer-bench-{profile}-"))
     env = profile_env(profile, var_dir)
     reset_stores(profile)
+    triton = start_triton()
     up_port = free_port()
     upstream = start(
         "upstream",
@@ -406,8 +488,27 @@ def bench_profile(profile: str, args: argparse.Namespace, report: Report) -> Non
         port=up_port,
         cpus=args.upstream_cpus,
     )
+    try:
+        _bench_servers(profile, args, report, env, up_port, upstream, triton)
+    finally:
+        if triton is not None:
+            triton.stop()
+    shutil.rmtree(var_dir, ignore_errors=True)
+
+
+def _bench_servers(
+    profile: str,
+    args: argparse.Namespace,
+    report: Report,
+    env: dict[str, str],
+    up_port: int,
+    upstream: Proc,
+    triton: Any,
+) -> None:
     with running([upstream]):
         key = seed(env, f"http://127.0.0.1:{up_port}/v1")
+        if triton is not None:
+            seed_triton(env, triton.url)
         direct = Target("direct", up_port, "/v1/chat/completions")
         for server in args.servers:
             for workers in args.workers:
@@ -435,6 +536,9 @@ def bench_profile(profile: str, args: argparse.Namespace, report: Report) -> Non
                             direct, gateway, deltas=64, delay_ms=20, rounds=args.stream_rounds
                         )
                         print(f"   stream: {fmt_stream(section['stream'])}", flush=True)
+                        if triton is not None:
+                            section["triton_stream"] = triton_streaming(triton.url, gateway, rounds=args.stream_rounds)
+                            print(f"   triton stream: {fmt_triton_stream(section['triton_stream'])}", flush=True)
                         rss_before = gw.rss_kib()
                         soak = wrk(gateway, body(), seconds=args.soak)
                         rss_after = gw.rss_kib()
@@ -451,7 +555,17 @@ def bench_profile(profile: str, args: argparse.Namespace, report: Report) -> Non
                             flush=True,
                         )
                     report.sections.append(section)
-    shutil.rmtree(var_dir, ignore_errors=True)
+
+
+def start_triton() -> Any:
+    """The real Triton server over tests/triton_models where `make triton` installed it, else None."""
+    sys.path.insert(0, str(ROOT))
+    from devtools.tritonserver import TritonServer, triton_installed
+
+    if not triton_installed():
+        print("   (no Triton streaming scenario: `make triton` has not installed the server)", flush=True)
+        return None
+    return TritonServer().start()
 
 
 def fmt_c1(r: dict[str, Any]) -> str:
@@ -504,6 +618,8 @@ def table(report: Report) -> str:
     for s in report.sections:
         if "stream" in s:
             lines += ["", f"Streaming ({s['profile']}, {s['server']}): {fmt_stream(s['stream'])}"]
+        if "triton_stream" in s:
+            lines.append(f"Triton streaming ({s['profile']}, {s['server']}): {fmt_triton_stream(s['triton_stream'])}")
         if "soak" in s:
             k = s["soak"]
             lines.append(
