@@ -63,6 +63,7 @@ def test_server_and_model_readiness(triton_server):
 def test_repository_index_lists_the_ready_models(triton_server):
     names = check(triton_repository_index(worker=view(triton_server.url), http_timeout=TIMEOUT))
     assert names == [
+        "text_embedding",
         "text_failing",
         "text_generation",
         "text_no_counts",
