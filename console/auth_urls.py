@@ -1,0 +1,52 @@
+"""/accounts/: sign-in, sign-out, password change; password reset only when configured.
+
+Django's stock reset view builds its links from the request's Host header, which with
+ALLOWED_HOSTS=* an attacker chooses; here the links use SPEEDINFER_PUBLIC_URL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.contrib.auth import views as auth_views
+from django.http import Http404, HttpRequest, HttpResponse
+from django.urls import URLPattern, path
+
+
+def _reset_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        # Off unless SPEEDINFER_PASSWORD_RESET=1 (with EMAIL_* and SPEEDINFER_PUBLIC_URL set).
+        if not settings.SPEEDINFER_PASSWORD_RESET:
+            raise Http404("password reset is not enabled")
+        return view(request, *args, **kwargs)
+
+    return guarded
+
+
+def _password_reset(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    public = urlsplit(settings.SPEEDINFER_PUBLIC_URL)
+    view = auth_views.PasswordResetView.as_view(domain_override=public.netloc, use_https=public.scheme == "https")
+    return view(request, *args, **kwargs)
+
+
+urlpatterns: list[URLPattern] = [
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("password_change/", auth_views.PasswordChangeView.as_view(), name="password_change"),
+    path("password_change/done/", auth_views.PasswordChangeDoneView.as_view(), name="password_change_done"),
+    path("password_reset/", _reset_view(_password_reset), name="password_reset"),
+    path(
+        "password_reset/done/",
+        _reset_view(auth_views.PasswordResetDoneView.as_view()),
+        name="password_reset_done",
+    ),
+    path(
+        "reset/<uidb64>/<token>/",
+        _reset_view(auth_views.PasswordResetConfirmView.as_view()),
+        name="password_reset_confirm",
+    ),
+    path("reset/done/", _reset_view(auth_views.PasswordResetCompleteView.as_view()), name="password_reset_complete"),
+]
