@@ -12,7 +12,8 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth import views as auth_views
-from django.http import Http404, HttpRequest, HttpResponse
+from django.contrib.auth.forms import PasswordResetForm
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path
 
 
@@ -26,10 +27,23 @@ def _reset_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse
     return guarded
 
 
-def _password_reset(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-    public = urlsplit(settings.SPEEDINFER_PUBLIC_URL)
-    view = auth_views.PasswordResetView.as_view(domain_override=public.netloc, use_https=public.scheme == "https")
-    return view(request, *args, **kwargs)
+class _PublicUrlPasswordReset(auth_views.PasswordResetView):
+    """Django's reset view, with the email's links on SPEEDINFER_PUBLIC_URL."""
+
+    def form_valid(self, form: PasswordResetForm) -> HttpResponse:
+        public = urlsplit(settings.SPEEDINFER_PUBLIC_URL)
+        form.save(
+            domain_override=public.netloc,
+            use_https=public.scheme == "https",
+            token_generator=self.token_generator,
+            from_email=self.from_email,
+            email_template_name=self.email_template_name,
+            subject_template_name=self.subject_template_name,
+            request=self.request,
+            html_email_template_name=self.html_email_template_name,
+            extra_email_context=self.extra_email_context,
+        )
+        return HttpResponseRedirect(self.get_success_url())
 
 
 urlpatterns: list[URLPattern] = [
@@ -37,7 +51,7 @@ urlpatterns: list[URLPattern] = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("password_change/", auth_views.PasswordChangeView.as_view(), name="password_change"),
     path("password_change/done/", auth_views.PasswordChangeDoneView.as_view(), name="password_change_done"),
-    path("password_reset/", _reset_view(_password_reset), name="password_reset"),
+    path("password_reset/", _reset_view(_PublicUrlPasswordReset.as_view()), name="password_reset"),
     path(
         "password_reset/done/",
         _reset_view(auth_views.PasswordResetDoneView.as_view()),
