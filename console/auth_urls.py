@@ -14,11 +14,12 @@ from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.forms import PasswordResetForm
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http.response import HttpResponseBase
 from django.urls import URLPattern, path
 
 
-def _reset_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+def _reset_view(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         # Off unless SPEEDINFER_PASSWORD_RESET=1 (with EMAIL_* and SPEEDINFER_PUBLIC_URL set).
         if not settings.SPEEDINFER_PASSWORD_RESET:
             raise Http404("password reset is not enabled")
@@ -41,7 +42,7 @@ class _PublicUrlPasswordReset(auth_views.PasswordResetView):
             subject_template_name=self.subject_template_name,
             request=self.request,
             html_email_template_name=self.html_email_template_name,
-            extra_email_context=self.extra_email_context,
+            extra_email_context=dict(self.extra_email_context or {}),
         )
         return HttpResponseRedirect(self.get_success_url())
 

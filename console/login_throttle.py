@@ -16,7 +16,7 @@ class LoginThrottleBackend(AxesStandaloneBackend):
     so they pass straight to the next backend instead of failing.
     """
 
-    def authenticate(  # type: ignore[override]
+    def authenticate(
         self, request: HttpRequest | None, username: str | None = None, password: str | None = None, **kwargs: Any
     ) -> None:
         if request is None:
