@@ -68,6 +68,12 @@ def _too_deep(raw: bytes, body: Any) -> bool:
     return True
 
 
+def refuse_deep_nesting(raw: bytes, body: Any) -> None:
+    """400 for a body nested deeper than MAX_JSON_DEPTH (any /v1 body, before it is forwarded)."""
+    if _too_deep(raw, body):
+        raise invalid(f"the request body nests more than {MAX_JSON_DEPTH} levels of arrays and objects", None)
+
+
 def _exactly_one(body: dict[str, Any], name: str) -> None:
     # `true == 1` in Python, so a boolean must be refused before comparing.
     value = body.get(name)
@@ -114,8 +120,7 @@ def parse_completion(raw: bytes, *, endpoint: str) -> CompletionParams:
         raise invalid("the request body is not valid JSON", None) from None
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", None)
-    if _too_deep(raw, body):
-        raise invalid(f"the request body nests more than {MAX_JSON_DEPTH} levels of arrays and objects", None)
+    refuse_deep_nesting(raw, body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required and must be a string", "model")

@@ -51,6 +51,13 @@ def test_deeply_nested_json_is_a_400_in_any_field_not_a_500(world):
             assert response.status_code == 400, (depth, field, response.text[:200])
             error = response.json()["error"]
             assert error["code"] == "invalid_request" and "nests more than" in error["message"]
+    embeddings = httpx.post(
+        world["url"] + "/v1/embeddings",
+        content=b'{"model":"acme/model-1","input":"hi","x":' + nested(500) + b"}",
+        headers={"Authorization": f"Bearer {world['secret']}", "Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert embeddings.status_code == 400 and embeddings.json()["error"]["code"] == "invalid_request"
     # A body at the limit is still served.
     ok = post(world, hello + b',"metadata":' + nested(MAX_JSON_DEPTH - 2) + b"}")
     assert ok.status_code != 500
