@@ -20,6 +20,14 @@ class Account(models.Model):
     name = models.CharField(max_length=200, unique=True)
     available = models.BigIntegerField(default=0)
     reserved = models.BigIntegerField(default=0)
+    # Staff's ceilings on every key of the account: a key without its own limit inherits
+    # the ceiling, a key above it is refused, and the rate limiter applies min(key, ceiling).
+    rpm_ceiling = models.PositiveIntegerField(
+        null=True, blank=True, verbose_name="RPM ceiling", help_text="Most requests per minute any key may have."
+    )
+    tpm_ceiling = models.PositiveIntegerField(
+        null=True, blank=True, verbose_name="TPM ceiling", help_text="Most tokens per minute any key may have."
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

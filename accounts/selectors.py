@@ -20,18 +20,26 @@ class AuthResult:
     reason: str | None  # "missing", "unknown", "revoked" or "expired" when key is None
 
 
+def _capped(limit: int | None, ceiling: int | None) -> int | None:
+    if ceiling is None:
+        return limit
+    return ceiling if limit is None else min(limit, ceiling)
+
+
 def _key_info(api_key: ApiKey) -> KeyInfo:
+    account = api_key.account
     return KeyInfo(
         id=api_key.pk,
         account_id=api_key.account_id,
-        account_name=api_key.account.name,
+        account_name=account.name,
         name=api_key.name,
         prefix=api_key.prefix,
         digest=api_key.digest,
         scopes=frozenset(api_key.scopes),
         allowed_models=frozenset(api_key.allowed_models),
-        rpm=api_key.rpm,
-        tpm=api_key.tpm,
+        # A key made before its account's ceiling was set (or lowered) is held to it here.
+        rpm=_capped(api_key.rpm, account.rpm_ceiling),
+        tpm=_capped(api_key.tpm, account.tpm_ceiling),
         expires_at=api_key.expires_at,
         revoked=api_key.revoked_at is not None,
     )

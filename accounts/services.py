@@ -43,6 +43,26 @@ def account_create(*, name: str, actor: object = "", via: str = "") -> Account:
     return account
 
 
+def account_ceilings_set(
+    *, account: Account, rpm_ceiling: int | None, tpm_ceiling: int | None, actor: object = "", via: str = ""
+) -> Account:
+    """Staff's per-key rate ceilings for an account (None: no ceiling).
+
+    Existing keys above a new ceiling keep their stored limit but are held to the
+    ceiling by the rate limiter (accounts.selectors), within SPEEDINFER_KEY_CACHE_TTL.
+    """
+    for field, value in (("rpm_ceiling", rpm_ceiling), ("tpm_ceiling", tpm_ceiling)):
+        if value is not None and value < 1:
+            raise ValidationError({field: "must be a positive integer"})
+    with transaction.atomic():
+        Account.objects.filter(pk=account.pk).update(rpm_ceiling=rpm_ceiling, tpm_ceiling=tpm_ceiling)
+        _audit(actor, "account.ceilings", account, via=via, rpm_ceiling=rpm_ceiling, tpm_ceiling=tpm_ceiling)
+    account.rpm_ceiling, account.tpm_ceiling = rpm_ceiling, tpm_ceiling
+    for digest in ApiKey.objects.filter(account=account).values_list("digest", flat=True):
+        key_cache.forget(digest)
+    return account
+
+
 def account_user_create(*, account: Account, email: str, password: str) -> AbstractBaseUser:
     """A customer login for the dashboard, tied to one account."""
     user_model = get_user_model()
@@ -72,6 +92,24 @@ def _validate_scopes(scopes: Sequence[str]) -> list[str]:
     return cleaned
 
 
+def _within_ceilings(*, account: Account, rpm: int | None, tpm: int | None) -> tuple[int | None, int | None]:
+    """A key's limits under its account's ceilings: none given inherits the ceiling, above it is refused."""
+    limits: dict[str, int | None] = {"rpm": rpm, "tpm": tpm}
+    for field, ceiling in (("rpm", account.rpm_ceiling), ("tpm", account.tpm_ceiling)):
+        value = limits[field]
+        if value is not None and value < 1:
+            raise ValidationError({field: "must be a positive integer"})
+        if ceiling is None:
+            continue
+        if value is None:
+            limits[field] = ceiling
+        elif value > ceiling:
+            raise ValidationError(
+                {field: f"{value} is above the account's ceiling of {ceiling}; ask staff to raise the ceiling"}
+            )
+    return limits["rpm"], limits["tpm"]
+
+
 def api_key_create(
     *,
     account: Account,
@@ -91,9 +129,7 @@ def api_key_create(
     )
     if unknown:
         raise ValidationError({"models": f"unknown model {unknown[0]!r}"})
-    for field, value in (("rpm", rpm), ("tpm", tpm)):
-        if value is not None and value < 1:
-            raise ValidationError({field: "must be a positive integer"})
+    rpm, tpm = _within_ceilings(account=account, rpm=rpm, tpm=tpm)
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError({"expires": "must be in the future"})
     lookup, secret = generate_key()
@@ -157,9 +193,7 @@ def api_key_update(
     unknown = sorted(set(wanted) - known)
     if unknown:
         raise ValidationError({"models": f"unknown model {unknown[0]!r}"})
-    for field, value in (("rpm", rpm), ("tpm", tpm)):
-        if value is not None and value < 1:
-            raise ValidationError({field: "must be a positive integer"})
+    rpm, tpm = _within_ceilings(account=api_key.account, rpm=rpm, tpm=tpm)
     fields = ("name", "scopes", "allowed_models", "rpm", "tpm", "expires_at")
     before = {f: getattr(api_key, f) for f in fields}
     api_key.name = name.strip() or api_key.name

@@ -22,9 +22,10 @@ class _Parser(CommandParser):
     def error(self, message: str) -> NoReturn:
         if not self.called_from_command_line:
             raise CommandError(message)
-        # argparse would exit 2; the contract says 1 with a one-line message.
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        # argparse would print its usage (several lines) and exit 2; the contract says one
+        # line and exit 1, the same shape as every other command error. Django parses the
+        # arguments outside its CommandError handler, so the line is written here.
+        sys.stderr.write(f"CommandError: {message} (see {self.prog} --help)\n")
         sys.exit(1)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-import time
+from datetime import UTC, datetime
 
 from core.outcome import RequestOutcome
 
@@ -20,7 +20,8 @@ logger = logging.getLogger("speedinfer.requests")
 def request_log_line(outcome: RequestOutcome) -> str:
     return json.dumps(
         {
-            "ts": round(time.time(), 3),
+            # ISO 8601 UTC to the millisecond, like the other log lines' readable times.
+            "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "event": "request",
             "request_id": outcome.request_id,
             "account": outcome.account_id,

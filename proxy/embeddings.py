@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import orjson
 
-from proxy.payloads import invalid
+from proxy.payloads import invalid, refuse_deep_nesting
 from runtimes.request import EMBEDDINGS, CompletionParams
 
 ENCODING_FORMATS = ("float", "base64")
@@ -22,6 +22,7 @@ def parse_embeddings(raw: bytes) -> CompletionParams:
         raise invalid("the request body is not valid JSON", None) from None
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", None)
+    refuse_deep_nesting(raw, body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required and must be a string", "model")

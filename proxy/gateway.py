@@ -38,6 +38,7 @@ from billing.pricing import cost_of, prompt_token_bound
 from billing.services import InsufficientCredits, reservation_release_async, reservation_settle_async
 from catalog import cache as catalog
 from catalog.models import PublicModel
+from core.metrics import observe_spend
 from core.outages import DatabaseUnavailable
 from core.outcome import RequestOutcome
 from proxy.embeddings import parse_embeddings
@@ -105,14 +106,17 @@ class _Call:
         self.closed = True
         outcome = self._outcome()
 
-        def close() -> Awaitable[object]:
-            return reservation_settle_async(
+        async def close() -> object:
+            record = await reservation_settle_async(
                 reservation_id=self.reservation_id,
                 prompt_tokens=usage.prompt_tokens,
                 completion_tokens=usage.completion_tokens,
                 outcome=outcome,
                 status=status,
             )
+            if record is not None:
+                observe_spend(record.model_id, record.cost)
+            return record
 
         await _close_or_queue("settle", self.reservation_id, close)
 

@@ -16,6 +16,9 @@ from proxy.errors import GatewayError
 from runtimes.request import CHAT, CompletionParams
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# orjson parses 1024 levels of nesting but serialises only 254, and the body is
+# serialised again on its way to the worker; no real request nests this deep.
+MAX_JSON_DEPTH = 64
 
 
 def invalid(message: str, param: str | None) -> GatewayError:
@@ -41,6 +44,41 @@ def _positive_int(body: dict[str, Any], name: str) -> int | None:
     if value < 1:
         raise invalid(f"'{name}' must be at least 1", name)
     return value
+
+
+def _too_deep(raw: bytes, body: Any) -> bool:
+    """Whether `body` nests more than MAX_JSON_DEPTH arrays/objects.
+
+    Counting brackets in the raw bytes is C speed and rules out almost every
+    body; only one with that many brackets is walked.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return False
+    level: list[Any] = [body]
+    for _ in range(MAX_JSON_DEPTH):
+        children: list[Any] = []
+        for node in level:
+            if isinstance(node, dict):
+                children.extend(v for v in node.values() if isinstance(v, dict | list))
+            elif isinstance(node, list):
+                children.extend(v for v in node if isinstance(v, dict | list))
+        if not children:
+            return False
+        level = children
+    return True
+
+
+def refuse_deep_nesting(raw: bytes, body: Any) -> None:
+    """400 for a body nested deeper than MAX_JSON_DEPTH (any /v1 body, before it is forwarded)."""
+    if _too_deep(raw, body):
+        raise invalid(f"the request body nests more than {MAX_JSON_DEPTH} levels of arrays and objects", None)
+
+
+def _exactly_one(body: dict[str, Any], name: str) -> None:
+    # `true == 1` in Python, so a boolean must be refused before comparing.
+    value = body.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value != 1):
+        raise invalid(f"'{name}' must be 1: one choice per request", name)
 
 
 def _message_texts(messages: Any) -> list[str]:
@@ -82,6 +120,7 @@ def parse_completion(raw: bytes, *, endpoint: str) -> CompletionParams:
         raise invalid("the request body is not valid JSON", None) from None
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", None)
+    refuse_deep_nesting(raw, body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required and must be a string", "model")
@@ -127,11 +166,8 @@ def parse_completion(raw: bytes, *, endpoint: str) -> CompletionParams:
         newer = _positive_int(body, "max_completion_tokens")
         if newer is not None:
             max_tokens = newer
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise invalid("'n' must be 1: one choice per request", "n")
-    if body.get("best_of") not in (None, 1):
-        raise invalid("'best_of' must be 1", "best_of")
+    _exactly_one(body, "n")
+    _exactly_one(body, "best_of")
     _number(body, "temperature", 0, 2)
     _number(body, "top_p", 0, 1)
     _number(body, "presence_penalty", -2, 2)

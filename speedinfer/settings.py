@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "rest_framework",
+    "axes",
     "core",
     "catalog",
     "accounts",
@@ -78,7 +80,23 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out sign-in into its 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Sign-in throttling (django-axes), for the dashboard's and the admin's login forms:
+# after SPEEDINFER_LOGIN_FAILURE_LIMIT wrong passwords for one username from one IP,
+# that pair is refused (429) for SPEEDINFER_LOGIN_LOCKOUT_MINUTES, even with the right password.
+AUTHENTICATION_BACKENDS = [
+    "console.login_throttle.LoginThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("SPEEDINFER_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("SPEEDINFER_LOGIN_LOCKOUT_MINUTES", 15.0, minimum=0.1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_VERBOSE = False
 
 ROOT_URLCONF = "speedinfer.urls"
 ASGI_APPLICATION = "speedinfer.asgi.application"
@@ -174,8 +192,34 @@ LOGIN_REDIRECT_URL = "/dashboard/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
-CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+# Production sends its cookies over HTTPS only; SPEEDINFER_SECURE_COOKIES=0 allows plain
+# HTTP (a trusted network). The CSRF failure page says so instead of a bare 403.
+SPEEDINFER_SECURE_COOKIES = env_bool("SPEEDINFER_SECURE_COOKIES", not DEBUG)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", SPEEDINFER_SECURE_COOKIES)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", SPEEDINFER_SECURE_COOKIES)
+CSRF_FAILURE_VIEW = "console.security.csrf_failure"
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto (see README, Production).
+if env_bool("SPEEDINFER_TRUST_X_FORWARDED_PROTO", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+
+# The live feed's WebSocket: same-origin (Origin host == Host) or one of these
+# origins (scheme://host[:port]), whatever ALLOWED_HOSTS says.
+SPEEDINFER_WS_ALLOWED_ORIGINS = env_list("SPEEDINFER_WS_ALLOWED_ORIGINS", [])
+
+# Password reset by email: off unless configured, and then its links use
+# SPEEDINFER_PUBLIC_URL, never the request's Host header.
+SPEEDINFER_PASSWORD_RESET = env_bool("SPEEDINFER_PASSWORD_RESET", False)
+SPEEDINFER_PUBLIC_URL = env_str("SPEEDINFER_PUBLIC_URL").rstrip("/")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "webmaster@localhost")
+if SPEEDINFER_PASSWORD_RESET and not (SPEEDINFER_PUBLIC_URL and env_str("EMAIL_HOST")):
+    raise ImproperlyConfigured("SPEEDINFER_PASSWORD_RESET=1 needs SPEEDINFER_PUBLIC_URL and EMAIL_HOST")
 
 REST_FRAMEWORK = {
     # The key authenticator comes first so that DRF answers 401 with a Bearer challenge (not 403)
@@ -232,6 +276,9 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {
+        # Django's default config gives `django` its own console handler as well as
+        # propagating to the root's: every warning would print twice.
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.db.backends": {"level": "WARNING"},
         # httpx logs every request's URL at INFO, and worker endpoints must stay out of the logs.
         "httpx": {"level": "WARNING"},

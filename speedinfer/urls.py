@@ -12,8 +12,10 @@ urlpatterns = [
     # The embedded default has no web server in front: Django serves the static
     # files (admin CSS, the vendored Chart.js) itself, found in place, no collectstatic.
     re_path(r"^static/(?P<path>.+)$", static_serve, {"insecure": True}),
+    # Browsers ask for it on every first visit; a 404 there is noise in every log.
+    path("favicon.ico", static_serve, {"path": "favicon.ico", "insecure": True}),
     path("api/", include("console.api.urls")),
-    path("accounts/", include("django.contrib.auth.urls")),
+    path("accounts/", include("console.auth_urls")),
     path("", include("workers.urls")),
     path("", include("console.urls")),
 ]

@@ -143,3 +143,44 @@ def test_operator_commands_are_audited(monkeypatch):
     ]
     grant = AuditLog.objects.get(action="credits.grant")
     assert grant.detail["amount"] == "3.000000" and grant.detail["note"] == "welcome"
+
+
+def test_grantcredits_messages_name_the_field_once_and_speak_credits():
+    make_account(name="acme", credits=0)
+    run("grantcredits", "acme", "0.5")
+    with pytest.raises(CommandError) as info:
+        run("grantcredits", "acme", "lots")
+    assert str(info.value) == "amount: not a decimal number: 'lots'"
+    with pytest.raises(CommandError) as info:
+        run("grantcredits", "acme", "-1000")
+    assert str(info.value) == (
+        "amount: account 'acme' has 0.500000 credits available, less than the 1000.000000 to remove"
+    )
+
+
+def _manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_an_argument_type_error_is_one_line_exit_1(subprocess_env):
+    proc = _manage(subprocess_env, "sweepreservations", "--older-than", "abc")
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("CommandError: argument --older-than: invalid int value: 'abc'")
+
+
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [
+        ("SECRET_KEY", "speedinfer: SECRET_KEY must be set when DEBUG is off"),
+        ("ALLOWED_HOSTS", "speedinfer: ALLOWED_HOSTS must be set when DEBUG is off"),
+    ],
+)
+def test_missing_production_settings_are_one_line_not_a_traceback(subprocess_env, missing, message):
+    env = {**subprocess_env, "DEBUG": "0", "SECRET_KEY": "x" * 50, "ALLOWED_HOSTS": "example.com"}
+    env.pop(missing)
+    proc = _manage(env, "check")
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == message

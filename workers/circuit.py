@@ -76,9 +76,20 @@ def record_failure_sync(worker_id: str, *, reason: str) -> tuple[str, int]:
         ),
         last_failure_reason=reason[:200],
     )
-    state, failures = circuit_state_sync(worker_id)
-    if state == OPEN:
+    row = (
+        Worker.objects.filter(worker_id=worker_id)
+        .values_list("circuit_state", "consecutive_failures", "circuit_opened_at")
+        .first()
+    )
+    if row is None:
+        return CLOSED, 0
+    state, failures = str(row[0]), int(row[1])
+    # Log the transition, not the state: only the failure that opened it (its `now` was
+    # written) warns; the failures that follow while it stays open are debug lines.
+    if state == OPEN and row[2] == now:
         log.warning("worker %s circuit open after %d consecutive failures (%s)", worker_id, failures, reason)
+    elif state == OPEN:
+        log.debug("worker %s circuit still open after %d consecutive failures (%s)", worker_id, failures, reason)
     return state, failures
 
 

@@ -10,6 +10,11 @@ from prometheus_client.registry import Collector
 from workers.models import Worker
 
 
+def _declared(models: object) -> list[str]:
+    """The public model ids a worker registered with (supported_models)."""
+    return [str(m) for m in models if m] if isinstance(models, list) else []
+
+
 class WorkerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("speedinfer_worker_healthy", "1 when the last probe succeeded.", labels=["worker"])
@@ -32,17 +37,22 @@ class WorkerCollector(Collector):
             "enabled",
             "circuit_state",
             "model_readiness",
+            "supported_models",
             "last_probe_latency_ms",
             "last_probe_at",
         )
-        for worker_id, healthy, is_enabled, state, readiness, latency_ms, probe_at in rows:
+        for worker_id, healthy, is_enabled, state, readiness, declared, latency_ms, probe_at in rows:
             up.add_metric([worker_id], 1.0 if healthy else 0.0)
             enabled.add_metric([worker_id], 1.0 if is_enabled else 0.0)
             for choice in Worker.Circuit.values:
                 circuit.add_metric([worker_id, choice], 1.0 if state == choice else 0.0)
-            for model_id, info in (readiness or {}).items():
-                is_ready = info.get("ready") if isinstance(info, dict) else info
-                ready.add_metric([worker_id, str(model_id)], 1.0 if is_ready else 0.0)
+            # Every declared model has a series, 0 while the worker is down or has not said
+            # it is ready: a missing series would hide the outage from a `== 0` alert.
+            reported = readiness if isinstance(readiness, dict) else {}
+            for model_id in dict.fromkeys([*_declared(declared), *map(str, reported)]):
+                info = reported.get(model_id)
+                is_ready = healthy and (info.get("ready") if isinstance(info, dict) else info)
+                ready.add_metric([worker_id, model_id], 1.0 if is_ready else 0.0)
             if latency_ms is not None:
                 probe.add_metric([worker_id], latency_ms / 1000)
             if probe_at is not None:

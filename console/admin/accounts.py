@@ -23,7 +23,13 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from accounts.models import DEFAULT_SCOPES, SCOPES, Account, ApiKey, Membership
-from accounts.services import account_create, api_key_create, api_key_revoke, api_key_update
+from accounts.services import (
+    account_ceilings_set,
+    account_create,
+    api_key_create,
+    api_key_revoke,
+    api_key_update,
+)
 from billing.services import InsufficientCredits, InvalidAmount, credits_grant
 from catalog.models import PublicModel
 from core.credits import MICRO, format_credits
@@ -79,7 +85,7 @@ class MembershipInline(admin.TabularInline):
 class AccountAdmin(admin.ModelAdmin):
     list_display = ("name", "balance", "reserved_credits", "key_count", "created_at")
     search_fields = ("name",)
-    fields = ("name", "balance", "reserved_credits", "created_at", "grant_link")
+    fields = ("name", "balance", "reserved_credits", "rpm_ceiling", "tpm_ceiling", "created_at", "grant_link")
     readonly_fields = ("balance", "reserved_credits", "created_at", "grant_link")
     inlines = [MembershipInline]
     actions = ["grant_credits"]
@@ -118,7 +124,15 @@ class AccountAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Account, form: Any, change: bool) -> None:
         if change:
-            return  # nothing on an existing account is editable here
+            # Only the key ceilings are editable here; they go through the service (audit, key cache).
+            account_ceilings_set(
+                account=obj,
+                rpm_ceiling=form.cleaned_data.get("rpm_ceiling"),
+                tpm_ceiling=form.cleaned_data.get("tpm_ceiling"),
+                actor=request.user,
+                via="admin",
+            )
+            return
         created = account_create(name=obj.name, actor=request.user, via="admin")
         obj.pk = created.pk
         obj.created_at = created.created_at

@@ -15,14 +15,32 @@ from catalog.models import PublicModel
 CUSTOMER_SCOPES = [(scope, scope) for scope in DEFAULT_SCOPES]
 MAX_RANGE_DAYS = 366
 DEFAULT_RANGE_DAYS = 30
+# Date arithmetic near date.min/date.max overflows (start = end - 29 days, end + 1 day
+# in the queries), so the range is bounded to dates a usage record can have.
+EARLIEST_DAY = date(2000, 1, 1)
+LATEST_DAY = date(2999, 12, 31)
+
+
+def _within_bounds(day: date | None) -> date | None:
+    if day is not None and not EARLIEST_DAY <= day <= LATEST_DAY:
+        raise forms.ValidationError(f"Choose a date between {EARLIEST_DAY} and {LATEST_DAY}.")
+    return day
 
 
 class UsageRangeForm(forms.Form):
     start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
     end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
 
+    def clean_start(self) -> date | None:
+        return _within_bounds(self.cleaned_data.get("start"))
+
+    def clean_end(self) -> date | None:
+        return _within_bounds(self.cleaned_data.get("end"))
+
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
+        if self.errors:
+            return cleaned
         today = timezone.localdate()
         end = cleaned.get("end") or today
         start = cleaned.get("start") or end - timedelta(days=DEFAULT_RANGE_DAYS - 1)

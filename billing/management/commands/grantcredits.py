@@ -28,7 +28,9 @@ class Command(SpeedInferCommand):
             entry = credits_grant(
                 account=account, amount=amount, actor="manage.py grantcredits", note=options["note"], via="command"
             )
-        except (AmountError, InvalidAmount, InsufficientCredits) as exc:
+        except AmountError as exc:
+            raise CommandError(str(exc)) from None  # already names the field
+        except (InvalidAmount, InsufficientCredits) as exc:
             raise CommandError(f"amount: {exc}") from None
         available = format_credits(entry.available_after)
         self.stdout.write(f"Granted {format_credits(amount)} credits to {account.name!r}; available {available}")
