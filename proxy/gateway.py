@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -306,7 +307,7 @@ async def _stream(call: _Call) -> None:
         watcher.cancel()
         if counted is not None:
             # The balancer learns a stream's time to its first event (from the request's start).
-            routing.release(counted, latency=call.ttft)
+            routing.release(counted, latency=ex.outcome.ttft)
         if response is not None:
             await response.aclose()
         await call.release("internal_error")  # only if something above raised unexpectedly

@@ -19,13 +19,13 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
+from devtools.simulator import Behaviour, Simulator, SimulatorThread
 from tests.factories import make_account, make_key, make_model
 from tests.servers import register_worker
 from workers import balancer, fleet
 from workers.load import parse_load
 from workers.models import Worker
 from workers.registration import registration_validate
-from devtools.simulator import Behaviour, Simulator, SimulatorThread
 
 MODEL = "acme/model-1"
 
