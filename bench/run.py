@@ -5,6 +5,7 @@ the same machine, so the figures that matter are differences and ratios, not the
 absolute times of a noisy 2-core box. See README "Performance" for how to read it.
 
     python bench/run.py [--profiles full,embedded] [--servers uvicorn] [--quick] [--soak 300]
+    python bench/run.py --routing [--routing-seconds 10]   # only the routing scenario
 """
 
 from __future__ import annotations
@@ -155,14 +156,28 @@ def reset_stores(profile: str) -> None:
     redis.Redis.from_url(REDIS_URL).flushdb()
 
 
-def seed(env: dict[str, str], upstream: str) -> str:
-    """The bench account, model, key and one worker; returns the key's secret."""
+def register(env: dict[str, str], worker_id: str, upstream: str, **runtime_config: str) -> None:
+    worker = {
+        "worker_id": worker_id,
+        "worker_type": "nvidia-gpu",
+        "runtime": "cuda",
+        "runtime_endpoint": upstream,
+        "supported_models": [MODEL],
+        "runtime_config": {"transport": "openai", **runtime_config},
+    }
+    manage(env, "registerworker", "-", stdin=json.dumps(worker))
+
+
+def seed(env: dict[str, str], upstream: str | None) -> str:
+    """The bench account, model, key and one worker (when `upstream` is given); returns the key's secret."""
     manage(env, "migrate", "--noinput", "-v", "0")
     manage(env, "registermodel", MODEL, "--input-price", "0.1", "--output-price", "0.2", "--max-output-tokens", "256")
     manage(env, "createaccount", "bench")
     manage(env, "grantcredits", "bench", "1000000")
     # rpm/tpm are set high rather than left unset so the limiter runs on every request, as in production.
     secret = manage(env, "createapikey", "bench", "--name", "bench", "--rpm", "100000000", "--tpm", "1000000000")
+    if upstream is None:
+        return secret.strip().splitlines()[-1]
     worker = {
         "worker_id": "bench-sim",
         "worker_type": "nvidia-gpu",
@@ -464,6 +479,119 @@ class Report:
     started: str
     machine: dict[str, Any]
     sections: list[dict[str, Any]] = field(default_factory=list)
+    routing: list[dict[str, Any]] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- routing
+
+
+def _served(port: int) -> float:
+    """Requests a simulator has answered (its vLLM-style counter)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    line = next(ln for ln in text.splitlines() if ln.startswith("vllm:request_success_total"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def _closed_loop(target: Target, *, concurrency: int, seconds: float) -> tuple[list[float], int]:
+    payload = body()
+
+    async def run() -> tuple[list[float], int]:
+        latencies: list[float] = []
+        errors = 0
+        deadline = time.perf_counter() + seconds
+        url = f"http://127.0.0.1:{target.port}{target.path}"
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(connector=connector, headers=target.headers()) as session:
+
+            async def client() -> None:
+                nonlocal errors
+                while time.perf_counter() < deadline:
+                    t0 = time.perf_counter()
+                    async with session.post(url, json=payload) as resp:
+                        await resp.read()
+                        if resp.status != 200:
+                            errors += 1
+                    latencies.append((time.perf_counter() - t0) * 1000)
+
+            await asyncio.gather(*(client() for _ in range(concurrency)))
+        return latencies, errors
+
+    return asyncio.run(run())
+
+
+def bench_routing(profile: str, args: argparse.Namespace, report: Report) -> None:
+    """Two simulator workers for one model, one four times slower (and half the batch slots): the share the
+    fast one gets and the latency through the gateway, least-loaded (the default) against random choice."""
+    var_dir = Path(tempfile.mkdtemp(prefix=f"speedinfer-bench-routing-{profile}-"))
+    env = profile_env(profile, var_dir)
+    reset_stores(profile)
+    ports = {"fast": free_port(), "slow": free_port()}
+    shape = {"fast": ("20", "4"), "slow": ("80", "2")}  # latency ms, requests at once
+    sims = [
+        start(
+            name,
+            [
+                PY,
+                "-m",
+                "devtools.simulator",
+                "--port",
+                str(port),
+                "--model",
+                MODEL,
+                "--deltas",
+                "16",
+                "--latency-ms",
+                shape[name][0],
+                "--max-concurrency",
+                shape[name][1],
+            ],
+            env,
+            port=port,
+            cpus=args.upstream_cpus,
+        )  # fmt: skip
+        for name, port in ports.items()
+    ]
+    with running(sims):
+        key = seed(env, None)
+        for name, port in ports.items():
+            register(env, name, f"http://127.0.0.1:{port}/v1", metrics_url=f"http://127.0.0.1:{port}/metrics")
+        manage(env, "probeworkers")
+        for policy in ("least-loaded", "random"):
+            gw_port = free_port()
+            gw_env = {**env, "SPEEDINFER_ROUTING_POLICY": policy}
+            gw = start("uvicorn", server_cmd("uvicorn", gw_port, 1), gw_env, port=gw_port, cpus=args.gateway_cpus)
+            with running([gw]):
+                gateway = Target("gateway", gw_port, "/v1/chat/completions", key)
+                _closed_loop(gateway, concurrency=4, seconds=1)  # warm-up
+                row: dict[str, Any] = {"profile": profile, "policy": policy}
+                for concurrency in (16, 1):
+                    before = {name: _served(port) for name, port in ports.items()}
+                    latencies, errors = _closed_loop(
+                        gateway, concurrency=concurrency, seconds=args.routing_seconds / (1 if concurrency > 1 else 2)
+                    )
+                    served = {name: _served(port) - before[name] for name, port in ports.items()}
+                    row[f"c{concurrency}"] = {
+                        "requests": len(latencies),
+                        "errors": errors,
+                        "fast_share": served["fast"] / max(1.0, sum(served.values())),
+                        "p50_ms": pct(latencies, 50),
+                        "p99_ms": pct(latencies, 99),
+                    }
+                report.routing.append(row)
+                print(f"== routing {profile} / {policy}: {fmt_routing(row)}", flush=True)
+    shutil.rmtree(var_dir, ignore_errors=True)
+
+
+def fmt_routing(row: dict[str, Any]) -> str:
+    return " | ".join(
+        f"c{c}: fast {row[f'c{c}']['fast_share']:.0%}, p50 {row[f'c{c}']['p50_ms']:.1f} p99 "
+        f"{row[f'c{c}']['p99_ms']:.1f} ms, {row[f'c{c}']['requests']} requests"
+        + (f", ERRORS {row[f'c{c}']['errors']}" if row[f"c{c}"]["errors"] else "")
+        for c in (16, 1)
+    )
 
 
 @contextmanager
@@ -615,6 +743,20 @@ def table(report: Report) -> str:
             f"| {tp['direct_rps']:.0f} | {tp['gateway_rps']:.0f} ({tp['gateway_p99_ms']:.1f} ms) "
             f"| {tp['gateway_errors'] + c0.get('errors', 0)} |"
         )
+    if report.routing:
+        lines += [
+            "",
+            "Routing: fast worker 20 ms x4 slots, slow 80 ms x2 slots, one model",
+            "",
+            "| profile | policy | c16 fast share | c16 p50 / p99 | c1 fast share | c1 p50 / p99 |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in report.routing:
+            a, b = r["c16"], r["c1"]
+            lines.append(
+                f"| {r['profile']} | {r['policy']} | {a['fast_share']:.0%} | {a['p50_ms']:.1f} / {a['p99_ms']:.1f} ms "
+                f"| {b['fast_share']:.0%} | {b['p50_ms']:.1f} / {b['p99_ms']:.1f} ms |"
+            )
     for s in report.sections:
         if "stream" in s:
             lines += ["", f"Streaming ({s['profile']}, {s['server']}): {fmt_stream(s['stream'])}"]
@@ -644,21 +786,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gateway-cpus", default=None, help="taskset list for the gateway, e.g. 0")
     parser.add_argument("--upstream-cpus", default=None, help="taskset list for the upstream, e.g. 1")
     parser.add_argument("--quick", action="store_true", help="a short smoke run (for CI)")
+    parser.add_argument(
+        "--routing", action="store_true", help="only the routing scenario: fast/slow split and p99 by policy"
+    )
+    parser.add_argument("--routing-seconds", type=float, default=10, help="seconds of c16 per policy (c1: half)")
     args = parser.parse_args(argv)
     args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     args.workers = [int(w) for w in args.workers.split(",")]
     args.latencies = [int(x) for x in args.latencies.split(",")]
     if args.quick:
         args.rounds, args.per_round, args.wrk_seconds, args.wrk_rounds = 2, 20, 2, 1
-        args.stream_rounds, args.soak = 2, 2
-    if not shutil.which("wrk"):
+        args.stream_rounds, args.soak, args.routing_seconds = 2, 2, 2
+    if not shutil.which("wrk") and not args.routing:
         sys.exit("wrk is not installed: `make bench` installs it (apt-get install wrk)")
     report = Report(
         started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         machine={"cpus": os.cpu_count(), "python": sys.version.split()[0]},
     )
-    for profile in [p.strip() for p in args.profiles.split(",") if p.strip()]:
-        bench_profile(profile, args, report)
+    profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
+    if not args.routing:
+        for profile in profiles:
+            bench_profile(profile, args, report)
+    bench_routing(profiles[0], args, report)
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(report.__dict__, indent=2, default=str))

@@ -1,10 +1,18 @@
 """A small, fast OpenAI-compatible worker: the demo's GPU worker, the tests' upstream and the benchmark's.
 
     python -m devtools.simulator --port 8100 [--latency-ms 20] [--deltas 16] [--delay-ms 0] [--model acme/model-1]
+                                 [--max-concurrency 4]
 
 It serves GET /v1/models, POST /v1/chat/completions, POST /v1/completions and POST /v1/embeddings,
 streaming and not, with `usage` (prompt tokens counted as whitespace-separated
 words, one completion token per delta) and `stream_options.include_usage`.
+
+A GPU serves a bounded batch: with `--max-concurrency N` at most N requests run
+at once and the rest wait in a queue (their latency then grows with load, as on
+a real runtime). GET /metrics publishes the load vLLM-style, in Prometheus text:
+`vllm:num_requests_running`, `vllm:num_requests_waiting` and
+`vllm:request_success_total` (a worker's `runtime_config.metrics_url` may point
+at `http://HOST:PORT/metrics`).
 
 Misbehaviour for tests is asked for per request by a directive anywhere in the
 prompt text, e.g. "[sim latency=50 deltas=8 delay=20 status=500 no-usage cut=3 hang]":
@@ -60,6 +68,9 @@ class SimulatorStats:
     requests: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=200))
     streams_finished: int = 0
     streams_abandoned: int = 0  # the reader went away before the end: the gateway stopped the GPU
+    completed: int = 0  # answers begun with a 200 (every one, unlike `requests`, which keeps the last 200)
+    running: int = 0
+    waiting: int = 0
 
 
 def _texts(body: dict[str, Any]) -> list[str]:
@@ -109,10 +120,13 @@ class Simulator:
         models: tuple[str, ...] = ("acme/model-1",),
         behaviour: Behaviour | None = None,
         api_key: str = "",
+        max_concurrency: int = 0,
     ) -> None:
         self.models = models
         self.behaviour = behaviour or Behaviour()
         self.api_key = api_key
+        self.max_concurrency = max_concurrency  # 0: unbounded
+        self._slots: asyncio.Semaphore | None = None  # made on the serving loop, at first use
         self.stats = SimulatorStats()
 
     def app(self) -> web.Application:
@@ -121,7 +135,23 @@ class Simulator:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_get("/metrics", self.metrics)
         return app
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        stats = self.stats
+        text = (
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{model_name="{self.models[0]}"}} {stats.running}\n'
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f'vllm:num_requests_waiting{{model_name="{self.models[0]}"}} {stats.waiting}\n'
+            "# HELP vllm:request_success_total Count of successfully processed requests.\n"
+            "# TYPE vllm:request_success_total counter\n"
+            f'vllm:request_success_total{{model_name="{self.models[0]}"}} {stats.completed}\n'
+        )
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     def _denied(self, request: web.Request) -> web.Response | None:
         if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
@@ -182,6 +212,28 @@ class Simulator:
         return _json(200, answer)
 
     async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        if not self.max_concurrency:
+            return await self._answer(request, chat=chat)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_concurrency)
+        self.stats.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.stats.waiting -= 1
+        try:
+            return await self._answer(request, chat=chat)
+        finally:
+            self._slots.release()
+
+    async def _answer(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        self.stats.running += 1
+        try:
+            return await self._answer_running(request, chat=chat)
+        finally:
+            self.stats.running -= 1
+
+    async def _answer_running(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         denied = self._denied(request)
         if denied is not None:
             return denied
@@ -202,6 +254,7 @@ class Simulator:
             await asyncio.sleep(how.latency_ms / 1000)
         if how.status != 200:
             return _error(how.status, f"simulated failure {how.status}")
+        self.stats.completed += 1
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         count = max(0, min(how.deltas, int(limit))) if limit else how.deltas
         pieces = [_WORDS[i % len(_WORDS)] for i in range(count)]
@@ -370,11 +423,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--deltas", type=int, default=16, help="completion tokens per answer (capped by max_tokens)")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="wait between stream chunks")
     parser.add_argument("--api-key", default="", help="require this bearer key")
+    parser.add_argument(
+        "--max-concurrency", type=int, default=0, help="requests served at once; the rest queue (0: unbounded)"
+    )
     args = parser.parse_args(argv)
     simulator = Simulator(
         models=tuple(args.model or ["acme/model-1", "acme/embed-1"]),
         behaviour=Behaviour(latency_ms=args.latency_ms, deltas=args.deltas, delay_ms=args.delay_ms),
         api_key=args.api_key,
+        max_concurrency=args.max_concurrency,
     )
     try:
         import uvloop

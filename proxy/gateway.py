@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -232,12 +233,15 @@ async def _forward_once(call: _Call, worker: WorkerTarget) -> tuple[dict[str, An
     else:
         raise WorkerRejected(f"the model '{call.params.model}' serves embeddings only (POST /v1/embeddings)")
     routing.acquire(worker.worker_id)
+    started, ok = time.perf_counter(), False
     try:
-        return await forward(
+        answer = await forward(
             worker=worker, params=call.params, max_tokens=call.max_tokens, request_id=call.ex.request_id
         )
+        ok = True
+        return answer
     finally:
-        routing.release(worker.worker_id)
+        routing.release(worker.worker_id, latency=time.perf_counter() - started, ok=ok)
 
 
 async def _complete(call: _Call) -> None:
@@ -306,7 +310,8 @@ async def _stream(call: _Call) -> None:
         ex.interruptible = False
         watcher.cancel()
         if counted is not None:
-            routing.release(counted)
+            # The balancer learns a stream's time to its first event (from the request's start).
+            routing.release(counted, latency=ex.outcome.ttft)
         if response is not None:
             await response.aclose()
         await call.release("internal_error")  # only if something above raised unexpectedly

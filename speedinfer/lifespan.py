@@ -12,6 +12,7 @@ from typing import Any
 
 from core.pgpool import close_pool
 from runtimes.http import close_client
+from workers import fleet
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,7 @@ async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             try:
+                await fleet.stop()
                 await close_client()
                 await close_pool()
             except Exception:

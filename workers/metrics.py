@@ -1,4 +1,5 @@
-"""Worker health, circuit and readiness gauges, read from the database when Prometheus scrapes."""
+"""Worker health, circuit, readiness and load gauges, read from the database when Prometheus scrapes
+(in flight and the latency estimate from this process's memory: workers.fleet, workers.balancer)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from workers import balancer, fleet
 from workers.models import Worker
 
 
@@ -31,6 +33,22 @@ class WorkerCollector(Collector):
         probed = GaugeMetricFamily(
             "speedinfer_worker_last_probe_timestamp_seconds", "When the last probe ran.", labels=["worker"]
         )
+        flying = GaugeMetricFamily(
+            "speedinfer_worker_in_flight",
+            "Requests in flight to the worker from every gateway process, as this process last saw them.",
+            labels=["worker"],
+        )
+        queue = GaugeMetricFamily(
+            "speedinfer_worker_runtime_queue",
+            "Requests waiting in the runtime's own queue at the last probe (runtime_config.metrics_url).",
+            labels=["worker"],
+        )
+        ewma = GaugeMetricFamily(
+            "speedinfer_worker_latency_ewma_seconds",
+            "This process's peak-EWMA of the worker's latency (the routing score's L).",
+            labels=["worker"],
+        )
+        in_flight, observed = fleet.view(), balancer.view()
         rows = Worker.objects.values_list(
             "worker_id",
             "healthy",
@@ -40,8 +58,9 @@ class WorkerCollector(Collector):
             "supported_models",
             "last_probe_latency_ms",
             "last_probe_at",
+            "runtime_queue",
         )
-        for worker_id, healthy, is_enabled, state, readiness, declared, latency_ms, probe_at in rows:
+        for worker_id, healthy, is_enabled, state, readiness, declared, latency_ms, probe_at, runtime_queue in rows:
             up.add_metric([worker_id], 1.0 if healthy else 0.0)
             enabled.add_metric([worker_id], 1.0 if is_enabled else 0.0)
             for choice in Worker.Circuit.values:
@@ -57,4 +76,9 @@ class WorkerCollector(Collector):
                 probe.add_metric([worker_id], latency_ms / 1000)
             if probe_at is not None:
                 probed.add_metric([worker_id], probe_at.timestamp())
-        yield from (up, enabled, circuit, ready, probe, probed)
+            flying.add_metric([worker_id], float(in_flight.get(worker_id, 0)))
+            if runtime_queue is not None:
+                queue.add_metric([worker_id], float(runtime_queue))
+            if worker_id in observed:
+                ewma.add_metric([worker_id], float(observed[worker_id]["latency_ms"]) / 1000)
+        yield from (up, enabled, circuit, ready, probe, probed, flying, queue, ewma)

@@ -49,6 +49,18 @@ class Worker(models.Model):
     half_open_claimed_at = models.DateTimeField(null=True, blank=True)
     last_failure_reason = models.CharField(max_length=200, blank=True)
 
+    # The load the runtime publishes at runtime_config.metrics_url, read by the probes (workers.load).
+    # Null: not published (no metrics_url, or the runtime has no such figure).
+    runtime_queue = models.PositiveIntegerField(null=True, blank=True, help_text="requests waiting in its queue")
+    runtime_running = models.PositiveIntegerField(null=True, blank=True, help_text="requests it is running")
+    runtime_max_running = models.PositiveIntegerField(null=True, blank=True, help_text="requests it can run at once")
+    runtime_queue_time_ms = models.FloatField(null=True, blank=True, help_text="mean queue time since the last probe")
+    runtime_kv_cache_usage = models.FloatField(null=True, blank=True, help_text="KV cache in use, 0 to 1")
+    runtime_load_at = models.DateTimeField(null=True, blank=True)
+    runtime_load_error = models.CharField(max_length=200, blank=True)
+    # The runtime's cumulative counters at the last probe, for the next probe's queue-time delta.
+    runtime_load_counters = models.JSONField(default=dict, blank=True)
+
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 

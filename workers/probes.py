@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import httpx
 from django.conf import settings
@@ -14,6 +14,7 @@ from runtimes.errors import WorkerError
 from runtimes.openai import openai_models
 from runtimes.target import WorkerTarget
 from runtimes.triton import triton_model_ready, triton_repository_index, triton_server_ready
+from workers.load import RuntimeLoad, fetch_load
 from workers.models import Worker
 
 log = logging.getLogger("speedinfer.probes")
@@ -31,16 +32,23 @@ class ProbeResult:
     error: str = ""
     # A connection error, timeout or 5xx: counts against the circuit.
     worker_fault: bool = False
+    # What the runtime published at runtime_config.metrics_url; None when it has none.
+    load: RuntimeLoad | None = None
 
 
 @dataclass(frozen=True)
 class ProbeTarget:
     view: WorkerTarget
     supported_models: list[str]
+    load_counters: dict[str, float] = field(default_factory=dict)
 
 
 def probe_target(worker: Worker) -> ProbeTarget:
-    return ProbeTarget(view=worker.target(), supported_models=list(worker.supported_models))
+    return ProbeTarget(
+        view=worker.target(),
+        supported_models=list(worker.supported_models),
+        load_counters=dict(worker.runtime_load_counters or {}),
+    )
 
 
 def _timeout() -> httpx.Timeout:
@@ -129,16 +137,30 @@ async def probe_openai_worker(*, target: ProbeTarget, client: httpx.AsyncClient)
     )
 
 
+async def probe_load(*, target: ProbeTarget, result: ProbeResult, client: httpx.AsyncClient) -> ProbeResult:
+    """Add the load the runtime publishes (runtime_config.metrics_url), for a healthy worker that has one."""
+    url = target.view.runtime_config.get("metrics_url")
+    if not url or not result.healthy:
+        return result
+    load = await fetch_load(
+        url=str(url),
+        model_name=str(target.view.runtime_config.get("model_name", "")),
+        previous=target.load_counters,
+        client=client,
+        http_timeout=_timeout(),
+    )
+    return replace(result, load=load)
+
+
+async def _probe_one(target: ProbeTarget, client: httpx.AsyncClient) -> ProbeResult:
+    if target.view.transport == "triton":
+        result = await probe_triton_worker(target=target, client=client)
+    else:
+        result = await probe_openai_worker(target=target, client=client)
+    return await probe_load(target=target, result=result, client=client)
+
+
 async def probe_targets(targets: list[ProbeTarget]) -> list[ProbeResult]:
     """Probe every target concurrently with a client of this call's own (probes run under asyncio.run)."""
     async with httpx.AsyncClient(follow_redirects=False) as client:
-        return list(
-            await asyncio.gather(
-                *(
-                    probe_triton_worker(target=t, client=client)
-                    if t.view.transport == "triton"
-                    else probe_openai_worker(target=t, client=client)
-                    for t in targets
-                )
-            )
-        )
+        return list(await asyncio.gather(*(_probe_one(t, client) for t in targets)))

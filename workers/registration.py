@@ -134,15 +134,16 @@ def _nonempty_str(value: Any, name: str, *, max_length: int = 200) -> str:
     return value.strip()
 
 
-def _endpoint(value: Any) -> str:
-    url = _nonempty_str(value, "runtime_endpoint", max_length=500)
+def _endpoint(value: Any, name: str = "runtime_endpoint") -> str:
+    url = _nonempty_str(value, name, max_length=500)
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise _error("runtime_endpoint", f"must be an http:// or https:// URL with a host, got {url!r}")
+        raise _error(name, f"must be an http:// or https:// URL with a host, got {url!r}")
     if parts.username or parts.password:
-        raise _error("runtime_endpoint", "must not carry credentials; use upstream_api_key")
+        hint = "; use upstream_api_key" if name == "runtime_endpoint" else ""
+        raise _error(name, f"must not carry credentials{hint}")
     if parts.query or parts.fragment:
-        raise _error("runtime_endpoint", "must not have a query or fragment")
+        raise _error(name, "must not have a query or fragment")
     return url.rstrip("/")
 
 
@@ -191,6 +192,9 @@ def _check_config(config: dict[str, Any], *, transport: str, models: list[str]) 
             if public not in models:
                 raise _error(f"runtime_config.model_map.{public}", "is not one of supported_models")
             _nonempty_str(upstream, f"runtime_config.model_map.{public}")
+    if config.get("metrics_url") is not None:
+        # The runtime's Prometheus endpoint, read by the probes for its queue (workers/load.py).
+        config["metrics_url"] = _endpoint(config["metrics_url"], "runtime_config.metrics_url")
     for name in TIMEOUT_KEYS:
         value = config.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):

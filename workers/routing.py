@@ -6,26 +6,28 @@ at most every SPEEDINFER_ROUTING_CACHE_TTL seconds (one query, shared by all
 coroutines of the process). The database is touched on the request path only to
 claim a half-open trial, at most once per worker per refresh in a process.
 
-Load is spread by a per-process in-flight count: the gateway counts each upstream
-call with acquire()/release() and takes the first worker.
+The order is workers.balancer's: the worker expected to answer soonest first, from the
+fleet's in-flight counts (workers.fleet; the gateway counts each upstream call with
+acquire()/release() and reports its latency on release), the runtime's own queue (from
+the probes, in the snapshot) and this process's observed latencies. The gateway takes
+the first worker and falls back to the second.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import random
 import time
 import weakref
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.utils import timezone
 
 from core.db import db_call
 from runtimes.target import WorkerTarget
-from workers import circuit
+from workers import balancer, circuit, fleet
 from workers.models import Worker
 
 
@@ -40,6 +42,8 @@ class _Entry:
     opened_at: datetime | None
     claimed_at: datetime | None
     last_probe_at: datetime | None
+    queue: int = 0  # the runtime's own queue at the last probe (0: not published, or too old)
+    queue_time_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -51,7 +55,6 @@ class _Snapshot:
 _EMPTY = _Snapshot(entries={}, loaded_at=float("-inf"))
 _snapshot: _Snapshot = _EMPTY
 _refreshing: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[_Snapshot]] = weakref.WeakKeyDictionary()
-_in_flight: dict[str, int] = {}
 # Workers this process could not connect to, with the last probe time the snapshot knew then: they
 # are skipped until a later probe has looked at them (and, if it found them healthy, they return).
 _unreachable: dict[str, datetime | None] = {}
@@ -59,8 +62,11 @@ _unreachable: dict[str, datetime | None] = {}
 
 def _load() -> _Snapshot:
     entries: dict[str, _Entry] = {}
+    # A runtime's figures older than a few probe intervals (the probe loop stopped) steer nothing.
+    load_since = timezone.now() - timedelta(seconds=3 * settings.SPEEDINFER_PROBE_INTERVAL + 5)
     for w in Worker.objects.filter(enabled=True):
         readiness = w.model_readiness or {}
+        load_fresh = w.runtime_load_at is not None and w.runtime_load_at >= load_since
         entries[w.worker_id] = _Entry(
             view=w.target(),
             models=frozenset(w.supported_models),
@@ -71,6 +77,8 @@ def _load() -> _Snapshot:
             opened_at=w.circuit_opened_at,
             claimed_at=w.half_open_claimed_at,
             last_probe_at=w.last_probe_at,
+            queue=(w.runtime_queue or 0) if load_fresh else 0,
+            queue_time_s=(w.runtime_queue_time_ms or 0.0) / 1000 if load_fresh else 0.0,
         )
     return _Snapshot(entries=entries, loaded_at=time.monotonic())
 
@@ -149,6 +157,8 @@ def invalidate() -> None:
 
 def note_circuit(worker_id: str, *, state: str, failures: int) -> None:
     """A transition this process made: seen by its next selection without waiting for a refresh."""
+    if failures:
+        balancer.note_failure(worker_id)  # avoided by this process's next choices for a while
     entry = _snapshot.entries.get(worker_id)
     if entry is not None:
         entry.circuit = state
@@ -187,7 +197,8 @@ def _trial_due(entry: _Entry, now: datetime) -> bool:
 
 async def eligible_workers(model_id: str) -> list[WorkerTarget]:
     """Enabled, healthy, circuit closed (or this caller won the half-open trial), declaring
-    `model_id`, and with that model ready; ordered by preference (least in-flight first)."""
+    `model_id`, and with that model ready; ordered by preference (workers.balancer: the pick first)."""
+    fleet.ensure_sync()
     snap = await _current()
     if not _fresh(snap) and not any(_serves(e, model_id) for e in snap.entries.values()):
         # A stale snapshot with no worker for the model: a worker may have just come back, so this
@@ -206,10 +217,15 @@ async def eligible_workers(model_id: str) -> list[WorkerTarget]:
             entry.circuit, entry.claimed_at = "half_open", now
             if await db_call(circuit.claim_trial_sync)(entry.view.worker_id):
                 trials.append(entry.view)
-    random.shuffle(closed)  # ties in load go to a random worker, not always the first registered
-    closed.sort(key=lambda e: _in_flight.get(e.view.worker_id, 0))
+    now_s = time.monotonic()
+    candidates = [
+        balancer.Candidate(e.view.worker_id, fleet.in_flight(e.view.worker_id, now=now_s), e.queue, e.queue_time_s)
+        for e in closed
+    ]
+    views = {e.view.worker_id: e.view for e in closed}
+    ranked = balancer.order(candidates, policy=settings.SPEEDINFER_ROUTING_POLICY)
     # A won trial goes first: it must be tried, or the circuit never closes.
-    return trials + [e.view for e in closed]
+    return trials + [views[c.worker_id] for c in ranked]
 
 
 def _transports(snap: _Snapshot, model_id: str) -> set[str]:
@@ -226,19 +242,20 @@ async def model_transports_async(model_id: str) -> set[str]:
 
 
 def in_flight_count(worker_id: str) -> int:
-    return _in_flight.get(worker_id, 0)
+    """This process's calls to the worker now (workers.fleet adds the other processes')."""
+    return fleet.local_count(worker_id)
 
 
 def acquire(worker_id: str) -> None:
-    _in_flight[worker_id] = _in_flight.get(worker_id, 0) + 1
+    fleet.acquire(worker_id)
 
 
-def release(worker_id: str) -> None:
-    count = _in_flight.get(worker_id, 0) - 1
-    if count > 0:
-        _in_flight[worker_id] = count
-    else:
-        _in_flight.pop(worker_id, None)
+def release(worker_id: str, *, latency: float | None = None, ok: bool = True) -> None:
+    """The call ended; `latency` (seconds to the answer, or to a stream's first event) feeds the
+    balancer's estimate (a failed call, ok=False, can only raise it)."""
+    fleet.release(worker_id)
+    if latency is not None:
+        balancer.observe(worker_id, latency, ok=ok)
 
 
 async def record_success(worker_id: str) -> None:

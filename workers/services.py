@@ -112,13 +112,30 @@ def worker_delete(*, worker: Worker, actor: object = "", via: str = "") -> None:
 
 def probe_record(*, result: ProbeResult, at: datetime | None = None) -> None:
     """Store one probe's outcome; the circuit is told separately (workers.circuit)."""
+    at = at or timezone.now()
+    load = result.load
+    figures: dict[str, Any] = {}
+    if load is not None:
+        # A probe that read no figures clears the old ones: stale load must not steer routing.
+        figures = {
+            "runtime_queue": load.queue,
+            "runtime_running": load.running,
+            "runtime_max_running": load.max_running,
+            "runtime_queue_time_ms": load.queue_time_ms,
+            "runtime_kv_cache_usage": load.kv_cache_usage,
+            "runtime_load_at": None if load.error else at,
+            "runtime_load_error": load.error[:200],
+        }
+        if load.counters:
+            figures["runtime_load_counters"] = load.counters
     Worker.objects.filter(pk=result.worker_pk).update(
         healthy=result.healthy,
         model_readiness=result.model_readiness,
         discovered_models=result.discovered_models,
-        last_probe_at=at or timezone.now(),
+        last_probe_at=at,
         last_probe_latency_ms=result.latency_ms,
         last_probe_error=result.error[:2000],
+        **figures,
     )
 
 

@@ -13,6 +13,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html_join
 
+from workers import balancer, fleet
 from workers.agent import agent_report_state
 from workers.models import Worker
 from workers.registration import registration_validate
@@ -109,6 +110,7 @@ class WorkerAdmin(admin.ModelAdmin):
         "circuit_state",
         "models_ready",
         "agent_report",
+        "load",
         "last_probe_at",
         "last_probe_latency_ms",
         "last_probe_error",
@@ -141,6 +143,14 @@ class WorkerAdmin(admin.ModelAdmin):
         "consecutive_failures",
         "circuit_opened_at",
         "last_failure_reason",
+        "load",
+        "runtime_queue",
+        "runtime_running",
+        "runtime_max_running",
+        "runtime_queue_time_ms",
+        "runtime_kv_cache_usage",
+        "runtime_load_at",
+        "runtime_load_error",
     )
 
     def get_fieldsets(self, request: HttpRequest, obj: Worker | None = None) -> Any:
@@ -170,6 +180,23 @@ class WorkerAdmin(admin.ModelAdmin):
                 "Circuit",
                 {"fields": ("circuit_state", "consecutive_failures", "circuit_opened_at", "last_failure_reason")},
             ),
+            (
+                "Load",
+                {
+                    "fields": (
+                        "load",
+                        "runtime_queue",
+                        "runtime_running",
+                        "runtime_max_running",
+                        "runtime_queue_time_ms",
+                        "runtime_kv_cache_usage",
+                        "runtime_load_at",
+                        "runtime_load_error",
+                    ),
+                    "description": "In flight and latency as this server process sees them now; the runtime's "
+                    "own figures from the last probe (runtime_config.metrics_url).",
+                },
+            ),
         ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Worker | None = None) -> Any:
@@ -185,6 +212,18 @@ class WorkerAdmin(admin.ModelAdmin):
         # Workers registered by hand have no agent; one whose agent went quiet says "stale".
         state = agent_report_state(runtime_metadata=obj.runtime_metadata, now=timezone.now())
         return state.describe() if state else "-"
+
+    @admin.display(description="load")
+    def load(self, obj: Worker) -> str:
+        parts = [f"{fleet.view().get(obj.worker_id, 0)} in flight"]
+        if obj.runtime_queue is not None:
+            parts.append(f"{obj.runtime_queue} queued")
+        seen = balancer.view().get(obj.worker_id)
+        if seen is not None:
+            parts.append(f"latency ~{float(seen['latency_ms']):.0f} ms")
+            if seen["failed_recently"]:
+                parts.append("failed recently")
+        return ", ".join(parts)
 
     @admin.display(description="upstream credential", boolean=True)
     def has_upstream_api_key(self, obj: Worker) -> bool:
