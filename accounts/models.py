@@ -33,7 +33,9 @@ class Account(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [
-            models.CheckConstraint(condition=models.Q(reserved__gte=0), name="account_reserved_non_negative")
+            models.CheckConstraint(condition=models.Q(reserved__gte=0), name="account_reserved_non_negative"),
+            # The last line of defence behind the conditional UPDATEs: no path may overdraw an account.
+            models.CheckConstraint(condition=models.Q(available__gte=0), name="account_available_non_negative"),
         ]
 
     def __str__(self) -> str:

@@ -9,11 +9,12 @@ with the balances after. No network I/O happens inside these transactions.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from accounts.models import Account
@@ -72,11 +73,13 @@ def reserve(reservation: Reservation) -> bool:
     return True
 
 
-def _claim(reservation_id: UUID | str, status: str) -> Reservation | None:
-    """Move a held reservation to `status`; None when another path already closed it."""
-    claimed = Reservation.objects.filter(pk=reservation_id, status=Reservation.Status.HELD).update(
-        status=status, closed_at=timezone.now()
-    )
+def _claim(reservation_id: UUID | str, status: str, *, lease_passed_at: datetime | None = None) -> Reservation | None:
+    """Move a held reservation to `status`; None when another path already closed it (or, with
+    `lease_passed_at`, when its request renewed the lease meanwhile)."""
+    rows = Reservation.objects.filter(pk=reservation_id, status=Reservation.Status.HELD)
+    if lease_passed_at is not None:
+        rows = rows.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=lease_passed_at))
+    claimed = rows.update(status=status, closed_at=timezone.now())
     if claimed != 1:
         return None
     return Reservation.objects.get(pk=reservation_id)
@@ -95,41 +98,75 @@ def _usage_create(reservation: Reservation, usage: dict[str, Any], **charge: Any
     )
 
 
+def _claim_for_settle(reservation_id: UUID | str) -> tuple[Reservation, bool] | None:
+    """Claim a reservation for its settle: a held one, or one the sweeper expired meanwhile (its
+    content must still be paid for). The flag says whether it was still held."""
+    reservation = _claim(reservation_id, Reservation.Status.SETTLED)
+    if reservation is not None:
+        return reservation, True
+    # An expired one keeps its expiry time as closed_at.
+    late = Reservation.objects.filter(pk=reservation_id, status=Reservation.Status.EXPIRED).update(
+        status=Reservation.Status.SETTLED
+    )
+    return (Reservation.objects.get(pk=reservation_id), False) if late == 1 else None
+
+
 def settle(
     *, reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
 ) -> UsageRecord | None:
-    """Charge the cost of the counts, return the rest of the hold, append the usage row."""
+    """Charge the cost of the counts, return the rest of the hold, append the usage row.
+
+    The charge is capped at what the account can pay (the hold plus what is available); the rest
+    is recorded as `uncharged` on the usage row and in the ledger row's note, never overdrawn."""
     with transaction.atomic(durable=True):
-        reservation = _claim(reservation_id, Reservation.Status.SETTLED)
-        if reservation is None:
+        claimed = _claim_for_settle(reservation_id)
+        if claimed is None:
             return None
+        reservation, was_held = claimed
+        held = reservation.amount if was_held else 0
         cost = cost_of(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             input_price=reservation.input_price,
             output_price=reservation.output_price,
         )
+        # The claim's UPDATE already holds the write lock (SQLite) and select_for_update locks the
+        # row elsewhere, so this balance is the one the UPDATE below changes.
+        available = (
+            Account.objects.select_for_update().filter(pk=reservation.account_id).values_list("available", flat=True)
+        ).get()
+        charged = min(cost, held + available)
         Account.objects.filter(pk=reservation.account_id).update(
-            available=F("available") + reservation.amount - cost, reserved=F("reserved") - reservation.amount
+            available=F("available") + held - charged, reserved=F("reserved") - held
         )
         ledger_append(
             account_id=reservation.account_id,
             kind=LedgerEntry.Kind.SETTLE,
-            amount=cost,
-            available_delta=reservation.amount - cost,
-            reserved_delta=-reservation.amount,
+            amount=charged,
+            available_delta=held - charged,
+            reserved_delta=-held,
             reference=str(reservation.pk),
             actor="gateway",
+            note=settle_note(was_held=was_held, uncharged=cost - charged),
         )
         record = _usage_create(
             reservation,
             usage,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
-            cost=cost,
+            cost=charged,
             overrun=max(0, cost - reservation.amount),
+            uncharged=cost - charged,
         )
     return record
+
+
+def settle_note(*, was_held: bool, uncharged: int) -> str:
+    """The settle ledger row's note; ledger_sql writes the same words."""
+    parts = [] if was_held else ["settled after the reservation expired"]
+    if uncharged > 0:
+        parts.append(f"uncharged overrun {uncharged} micro-credits")
+    return "; ".join(parts)
 
 
 def return_held(reservation: Reservation, *, kind: str, actor: str, note: str = "") -> None:
@@ -160,10 +197,11 @@ def release(*, reservation_id: UUID | str, note: str, usage: dict[str, Any] | No
         return _usage_create(reservation, usage)
 
 
-def expire(reservation_id: UUID | str, *, note: str) -> bool:
-    """The sweeper's release of one reservation whose process died; False when it was closed meanwhile."""
+def expire(reservation_id: UUID | str, *, note: str, now: datetime) -> bool:
+    """The sweeper's release of one reservation whose process died; False when it was closed (or its
+    lease renewed) meanwhile."""
     with transaction.atomic(durable=True):
-        reservation = _claim(reservation_id, Reservation.Status.EXPIRED)
+        reservation = _claim(reservation_id, Reservation.Status.EXPIRED, lease_passed_at=now)
         if reservation is None:
             return False
         return_held(reservation, kind=LedgerEntry.Kind.EXPIRE, actor="sweeper", note=note)

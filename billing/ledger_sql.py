@@ -43,9 +43,11 @@ WITH acc AS (
     RETURNING id, available, reserved
 ), res AS (
     INSERT INTO {_RESERVATION}
-        (id, account_id, api_key_id, model_id, amount, input_price, output_price, status, request_id, created_at)
+        (id, account_id, api_key_id, model_id, amount, input_price, output_price, status, request_id, created_at,
+         lease_until)
     SELECT %(id)s::uuid, id, %(api_key_id)s::bigint, %(model_id)s::varchar, %(amount)s::bigint,
-        %(input_price)s::bigint, %(output_price)s::bigint, 'held', %(request_id)s::varchar, %(now)s::timestamptz
+        %(input_price)s::bigint, %(output_price)s::bigint, 'held', %(request_id)s::varchar, %(now)s::timestamptz,
+        %(lease_until)s::timestamptz
     FROM acc
     RETURNING id
 ), led AS (
@@ -59,24 +61,43 @@ SELECT count(*) FROM res
 
 # The cost is computed in numeric so tokens x price cannot overflow bigint; it
 # rounds up to the next micro-credit exactly as billing.pricing.cost_of does.
+#
+# The charge is capped at what the account can pay: the hold plus what is available, locked by
+# `bal` (FOR UPDATE sees the newest committed balance; the account UPDATE then changes that same
+# row). The rest of the cost is `uncharged`: recorded, never overdrawn.
+#
+# A settle also claims a reservation the sweeper already expired (content is never free): its hold
+# went back to available then, so `was_held` is false and the charge comes from available alone.
+# `was_held` is read from the claimed row itself: closed_at is only set by this UPDATE when the
+# row was still held (an expired one keeps its expiry time), so it is right under any race.
 _CLAIM_AND_COST = f"""
 WITH res AS (
-    UPDATE {_RESERVATION} SET status = %(status)s::varchar, closed_at = %(now)s::timestamptz
-    WHERE id = %(id)s::uuid AND status = 'held'
-    RETURNING id, account_id, api_key_id, model_id, amount, request_id, input_price, output_price
-), c AS (
-    SELECT res.*, CEIL(
+    UPDATE {_RESERVATION} SET status = %(status)s::varchar,
+        closed_at = CASE WHEN status = 'held' THEN %(now)s::timestamptz ELSE closed_at END
+    WHERE id = %(id)s::uuid
+        AND (status = 'held' OR (status = 'expired' AND %(kind)s::varchar = 'settle'))
+    RETURNING id, account_id, api_key_id, model_id, amount, request_id, input_price, output_price,
+        closed_at = %(now)s::timestamptz AS was_held
+), c0 AS (
+    SELECT res.*, CASE WHEN was_held THEN amount ELSE 0 END AS held, CEIL(
         (%(prompt_tokens)s::numeric * input_price + %(completion_tokens)s::numeric * output_price) / 1000000
     )::bigint AS cost
     FROM res
+), bal AS (
+    SELECT a.id, a.available FROM {_ACCOUNT} a JOIN c0 ON a.id = c0.account_id FOR UPDATE OF a
+), c AS (
+    SELECT c0.*, LEAST(c0.cost, c0.held + bal.available) AS charged FROM c0 JOIN bal ON bal.id = c0.account_id
 ), acc AS (
-    UPDATE {_ACCOUNT} a SET available = a.available + c.amount - c.cost, reserved = a.reserved - c.amount
+    UPDATE {_ACCOUNT} a SET available = a.available + c.held - c.charged, reserved = a.reserved - c.held
     FROM c WHERE a.id = c.account_id
     RETURNING a.id, a.available, a.reserved
 ), led AS (
     INSERT INTO {_LEDGER} ({_LEDGER_COLUMNS})
-    SELECT acc.id, %(kind)s::varchar, CASE WHEN %(kind)s::varchar = 'settle' THEN c.cost ELSE c.amount END,
-        c.amount - c.cost, -c.amount, acc.available, acc.reserved, %(reference)s::varchar, 'gateway', %(note)s::text,
+    SELECT acc.id, %(kind)s::varchar, CASE WHEN %(kind)s::varchar = 'settle' THEN c.charged ELSE c.amount END,
+        c.held - c.charged, -c.held, acc.available, acc.reserved, %(reference)s::varchar, 'gateway',
+        concat_ws('; ', NULLIF(%(note)s::text, ''),
+            CASE WHEN NOT c.was_held THEN 'settled after the reservation expired' END,
+            CASE WHEN c.cost > c.charged THEN 'uncharged overrun ' || (c.cost - c.charged) || ' micro-credits' END),
         %(now)s::timestamptz
     FROM acc, c
 )
@@ -84,7 +105,8 @@ WITH res AS (
 
 _USAGE_RETURNING = (
     "id, account_id, api_key_id, reservation_id, request_id, endpoint, model_id, worker_id, prompt_tokens, "
-    "completion_tokens, cost, reserved, overrun, latency_ms, ttft_ms, streamed, status, error_code, created_at"
+    "completion_tokens, cost, reserved, overrun, uncharged, latency_ms, ttft_ms, streamed, status, error_code, "
+    "created_at"
 )
 
 CLOSE_WITH_USAGE = (
@@ -92,11 +114,12 @@ CLOSE_WITH_USAGE = (
     + f""", usage AS (
     INSERT INTO {_USAGE}
         (account_id, api_key_id, reservation_id, request_id, endpoint, model_id, worker_id, prompt_tokens,
-         completion_tokens, cost, reserved, overrun, latency_ms, ttft_ms, streamed, status, error_code, created_at)
+         completion_tokens, cost, reserved, overrun, uncharged, latency_ms, ttft_ms, streamed, status, error_code,
+         created_at)
     SELECT c.account_id, c.api_key_id, c.id, c.request_id, %(endpoint)s::varchar, c.model_id, %(worker_id)s::varchar,
-        %(prompt_tokens)s::integer, %(completion_tokens)s::integer, c.cost, c.amount, GREATEST(0, c.cost - c.amount),
-        %(latency_ms)s::integer, %(ttft_ms)s::integer, %(streamed)s::boolean, %(usage_status)s::varchar,
-        %(error_code)s::varchar, %(now)s::timestamptz
+        %(prompt_tokens)s::integer, %(completion_tokens)s::integer, c.charged, c.amount, GREATEST(0, c.cost - c.amount),
+        c.cost - c.charged, %(latency_ms)s::integer, %(ttft_ms)s::integer, %(streamed)s::boolean,
+        %(usage_status)s::varchar, %(error_code)s::varchar, %(now)s::timestamptz
     FROM c
     RETURNING {_USAGE_RETURNING}
 )
@@ -127,6 +150,7 @@ def reserve(
     output_price: int,
     request_id: str,
     now: datetime,
+    lease_until: datetime | None = None,
 ) -> Statement:
     """Hold credits; the result is True when they were held, False when they did not fit."""
     params = {
@@ -140,6 +164,7 @@ def reserve(
         "request_id": request_id,
         "reference": str(reservation_id),
         "now": now,
+        "lease_until": lease_until,
     }
     return Statement(RESERVE, params, returns_usage=False)
 

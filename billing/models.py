@@ -65,6 +65,9 @@ class Reservation(models.Model):
     request_id = models.CharField(max_length=100, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     closed_at = models.DateTimeField(null=True, blank=True)
+    # While its request runs the gateway keeps pushing this forward; the sweeper only expires a held
+    # reservation whose lease has passed (null: one from before leases, judged by created_at alone).
+    lease_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -94,7 +97,10 @@ class UsageRecord(models.Model):
     completion_tokens = models.PositiveIntegerField(default=0)
     cost = models.BigIntegerField(default=0, help_text="micro-credits charged")
     reserved = models.BigIntegerField(default=0, help_text="micro-credits that were held")
-    overrun = models.BigIntegerField(default=0, help_text="micro-credits charged beyond the reservation")
+    overrun = models.BigIntegerField(default=0, help_text="micro-credits the usage cost beyond the reservation")
+    uncharged = models.BigIntegerField(
+        default=0, help_text="micro-credits of the usage's cost the account could not pay (never overdrawn)"
+    )
     latency_ms = models.PositiveIntegerField(default=0)
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     streamed = models.BooleanField(default=False)

@@ -16,7 +16,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from accounts.models import Account
@@ -31,6 +31,15 @@ from core.outcome import RequestOutcome
 # Called with the UsageRecord after its transaction commits (live dashboard,
 # metrics). Registered by the apps that want it, so billing imports none of them.
 usage_listeners: list[Callable[[UsageRecord], None]] = []
+
+# A running request's reservation is leased: set when it is held, pushed forward by the gateway
+# every LEASE_RENEW_EVERY while the request runs. The sweeper never expires a reservation whose
+# lease has not passed, however old it is; a process that died stops renewing, and its holds go.
+LEASE = timedelta(seconds=90)
+LEASE_RENEW_EVERY = timedelta(seconds=30)
+# Token counts above this are not believed (a worker's bug, or an overflow): the request is a
+# clean runtime_usage_unavailable and nothing is charged. Well under 2^31 (the usage columns).
+MAX_TOKEN_COUNT = 1_000_000_000
 
 
 class InsufficientCredits(Exception):
@@ -124,7 +133,8 @@ def _new_reservation(
         input_price=model.input_price,
         output_price=model.output_price,
         request_id=request_id,
-        created_at=timezone.now(),
+        created_at=(now := timezone.now()),
+        lease_until=now + LEASE,
     )
 
 
@@ -139,6 +149,7 @@ def _reserve_statement(reservation: Reservation) -> ledger_sql.Statement:
         output_price=reservation.output_price,
         request_id=reservation.request_id,
         now=reservation.created_at,
+        lease_until=reservation.lease_until,
     )
 
 
@@ -201,8 +212,9 @@ def _release_statement(reservation_id: UUID | str, note: str, usage: dict[str, A
 
 
 def _check_counts(prompt_tokens: int, completion_tokens: int) -> None:
-    if prompt_tokens < 0 or completion_tokens < 0:
-        raise InvalidAmount("token counts must not be negative")
+    for count in (prompt_tokens, completion_tokens):
+        if type(count) is not int or not 0 <= count <= MAX_TOKEN_COUNT:
+            raise InvalidAmount(f"token counts must be integers from 0 to {MAX_TOKEN_COUNT}")
 
 
 def reservation_settle(
@@ -215,9 +227,11 @@ def reservation_settle(
 ) -> UsageRecord | None:
     """Charge the actual cost from authoritative usage and return the rest.
 
-    Idempotent: a second call (or one after release/expiry) charges nothing and
-    returns None. A cost above the reservation is charged in full and recorded
-    as an overrun: the worker's usage is authoritative.
+    Idempotent: a second call (or one after a release) charges nothing and
+    returns None. One after the sweeper expired the reservation still charges
+    (from available: content is never free). The charge is capped at what the
+    account can pay (the hold plus available); a cost above the reservation is
+    recorded as `overrun`, and what could not be charged as `uncharged`.
     """
     _check_counts(prompt_tokens, completion_tokens)
     usage = usage_fields(outcome, status=status)
@@ -285,13 +299,30 @@ async def reservation_release_async(
 
 
 def reservations_expire(*, older_than: timedelta) -> int:
-    """Release reservations held longer than `older_than` (their process died).
+    """Release reservations held longer than `older_than` whose lease has passed (their process died).
 
-    Each is claimed with a conditional update, so a late settle or a second
-    sweeper racing this one charges or releases it exactly once.
+    Each is claimed with a conditional update (still held, lease still passed), so a late settle, a
+    lease renewal or a second sweeper racing this one charges or releases it exactly once.
     """
-    cutoff = timezone.now() - older_than
-    stale = Reservation.objects.filter(status=Reservation.Status.HELD, created_at__lt=cutoff).values_list(
-        "pk", flat=True
-    )[:10_000]
-    return sum(ledger_orm.expire(reservation_id, note=f"held over {older_than}") for reservation_id in list(stale))
+    now = timezone.now()
+    stale = (
+        Reservation.objects.filter(status=Reservation.Status.HELD, created_at__lt=now - older_than)
+        .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+        .values_list("pk", flat=True)[:10_000]
+    )
+    return sum(
+        ledger_orm.expire(reservation_id, note=f"held over {older_than}", now=now) for reservation_id in list(stale)
+    )
+
+
+def reservation_renew(*, reservation_id: UUID | str) -> bool:
+    """Push a held reservation's lease forward (its request is still running); False once it is closed."""
+    return bool(
+        Reservation.objects.filter(pk=reservation_id, status=Reservation.Status.HELD).update(
+            lease_until=timezone.now() + LEASE
+        )
+    )
+
+
+async def reservation_renew_async(*, reservation_id: UUID | str) -> bool:
+    return await db_call(reservation_renew)(reservation_id=reservation_id)

@@ -59,6 +59,12 @@ TOKENS = Counter("speedinfer_tokens", "Tokens reported by the workers.", ["model
 CREDITS_SPENT = Counter(
     "speedinfer_credits_spent", "Credits charged for settled /v1 requests.", ["model"], registry=REGISTRY
 )
+UNCHARGED_OVERRUN = Counter(
+    "speedinfer_uncharged_overrun_credits",
+    "Credits of usage a worker reported beyond what the account could pay: recorded, not charged.",
+    ["worker"],
+    registry=REGISTRY,
+)
 
 
 class _BoundedLabel:
@@ -133,6 +139,11 @@ def observe_spend(model: str, cost: int) -> None:
     if child is None:
         child = _spend_children[model] = CREDITS_SPENT.labels(_models(model) if model else "-")
     child.inc(cost / MICRO)  # type: ignore[attr-defined]
+
+
+def observe_uncharged_overrun(*, worker_id: str, micro_credits: int) -> None:
+    """A settle capped its charge at what the account could pay (the gateway calls it from the settle's result)."""
+    UNCHARGED_OVERRUN.labels(_workers(worker_id) if worker_id else "-").inc(micro_credits / MICRO)
 
 
 def exposition(state: list[Collector]) -> bytes:

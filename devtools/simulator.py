@@ -24,6 +24,8 @@ prompt text, e.g. "[sim latency=50 deltas=8 delay=20 status=500 no-usage cut=3 h
 - no-usage     leave usage out (non-streaming: no field; streaming: no usage chunk)
 - cut=N        streaming: drop the connection after N content deltas
 - hang         never answer (for timeouts)
+- usage=P,C    report these counts verbatim as JSON values (e.g. usage=1000000,2147483648 or usage=1.5,2)
+- comments     streaming: send the headers, then only SSE comments, forever
 
 The same knobs exist as constructor arguments / CLI flags for a whole worker.
 """
@@ -61,6 +63,8 @@ class Behaviour:
     omit_usage: bool = False
     cut_after: int | None = None
     hang: bool = False
+    usage: tuple[Any, Any] | None = None
+    comments_only: bool = False
 
 
 @dataclass
@@ -108,6 +112,11 @@ def _behaviour(base: Behaviour, texts: list[str]) -> Behaviour:
             changes["cut_after"] = int(value)
         elif name == "hang":
             changes["hang"] = True
+        elif name == "usage":
+            prompt, _, completion = value.partition(",")
+            changes["usage"] = (orjson.loads(prompt), orjson.loads(completion))
+        elif name == "comments":
+            changes["comments_only"] = True
     return replace(base, **changes)
 
 
@@ -258,11 +267,13 @@ class Simulator:
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         count = max(0, min(how.deltas, int(limit))) if limit else how.deltas
         pieces = [_WORDS[i % len(_WORDS)] for i in range(count)]
-        usage = {
+        usage: dict[str, Any] = {
             "prompt_tokens": sum(len(t.split()) for t in texts),
             "completion_tokens": count,
             "total_tokens": sum(len(t.split()) for t in texts) + count,
         }
+        if how.usage is not None:
+            usage = {"prompt_tokens": how.usage[0], "completion_tokens": how.usage[1]}
         finish = "length" if limit and count >= int(limit) else "stop"
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         model = str(body.get("model", ""))
@@ -304,7 +315,7 @@ class Simulator:
         ident: str,
         model: str,
         pieces: list[str],
-        usage: dict[str, int],
+        usage: dict[str, Any],
         finish: str,
     ) -> web.StreamResponse:
         options = body.get("stream_options") or {}
@@ -330,6 +341,9 @@ class Simulator:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         try:
+            while how.comments_only:
+                await response.write(b": keep-alive\n\n")
+                await asyncio.sleep(0.2)
             if chat:
                 await response.write(chunk(piece("", role=True)))
             for i, text in enumerate(pieces):

@@ -16,6 +16,15 @@ Charging on client disconnect mid-stream (see README, "The API"):
   chunk) plus the prompt, estimated at one token per 4 bytes of prompt text
   (capped by the reserved bound), since the worker had processed all of it.
   The upstream request is closed at once, so the worker stops generating.
+
+A worker that fails or times out mid-stream gets an error event and nothing is
+charged (CONTRACT: upstream_timeout / upstream_error). Streams have the worker's
+total timeout over the whole stream and its read timeout between data events
+(SSE comments are not progress), before the first event included.
+
+The reservation is leased while the request runs (renewed every
+billing.services.LEASE_RENEW_EVERY), so the sweeper never frees a running
+request's hold; a settle that finds it expired anyway still charges.
 """
 
 from __future__ import annotations
@@ -36,10 +45,16 @@ from accounts.key_cache import KeyInfo
 from accounts.selectors import api_key_authenticate_async
 from billing.models import UsageRecord
 from billing.pricing import cost_of, prompt_token_bound
-from billing.services import InsufficientCredits, reservation_release_async, reservation_settle_async
+from billing.services import (
+    LEASE_RENEW_EVERY,
+    InsufficientCredits,
+    reservation_release_async,
+    reservation_renew_async,
+    reservation_settle_async,
+)
 from catalog import cache as catalog
 from catalog.models import PublicModel
-from core.metrics import observe_spend
+from core.metrics import observe_spend, observe_uncharged_overrun
 from core.outages import DatabaseUnavailable
 from core.outcome import RequestOutcome
 from proxy.embeddings import parse_embeddings
@@ -50,7 +65,8 @@ from proxy.pending import pending_close
 from proxy.ratelimit import rate_limit_admit, rate_limit_refund
 from proxy.services import request_reserve
 from runtimes.embeddings import generates_text, openai_embed, triton_embed
-from runtimes.errors import RuntimeUsageUnavailable, UpstreamError, WorkerError, WorkerRejected
+from runtimes.errors import RuntimeUsageUnavailable, UpstreamError, UpstreamTimeout, WorkerError, WorkerRejected
+from runtimes.http import worker_timeout, worker_total_timeout
 from runtimes.openai import openai_complete, openai_stream_open
 from runtimes.request import EMBEDDINGS, CompletionParams, Usage, usage_from
 from runtimes.sse import DONE, sse_data
@@ -104,7 +120,6 @@ class _Call:
         return outcome
 
     async def settle(self, usage: Usage, status: str = UsageRecord.Status.OK) -> None:
-        self.closed = True
         outcome = self._outcome()
 
         async def close() -> object:
@@ -117,9 +132,14 @@ class _Call:
             )
             if record is not None:
                 observe_spend(record.model_id, record.cost)
+                if record.uncharged:
+                    observe_uncharged_overrun(worker_id=record.worker_id, micro_credits=record.uncharged)
             return record
 
         await _close_or_queue("settle", self.reservation_id, close)
+        # Closed once the settle committed (or was queued until the database is back): a settle that
+        # raised otherwise leaves the hold to release(), so nothing stays held.
+        self.closed = True
 
     async def release(self, error_code: str) -> None:
         if self.closed or self.reservation_id is None:
@@ -165,14 +185,18 @@ async def handle_completion(ex: Exchange, endpoint: str) -> None:
         raise GatewayError(429, "rate_limit_exceeded", "rate limit exceeded for this key; retry after the given time")
 
     call = _Call(ex=ex, params=params, key=key, model=model, max_tokens=max_tokens, prompt_bound=prompt_bound)
+    lease: asyncio.Task[None] | None = None
     try:
         call.workers = await _select(params)
         await _reserve_for(call)
+        lease = asyncio.create_task(_keep_lease(call.reservation_id))
         if params.stream:
             await _stream(call)
         else:
             await _complete(call)
     finally:
+        if lease is not None:
+            lease.cancel()
         outcome = ex.outcome
         outcome.worker_id = call.worker.worker_id if call.worker else ""
         if call.usage is not None:
@@ -180,6 +204,18 @@ async def handle_completion(ex: Exchange, endpoint: str) -> None:
         # The tokens limit counts what was used, not the bound it admitted.
         used = outcome.prompt_tokens + outcome.completion_tokens if call.closed and call.usage is not None else 0
         await rate_limit_refund(key=key, tokens=token_bound - used)
+
+
+async def _keep_lease(reservation_id: Any) -> None:
+    """Renew the running request's reservation lease until cancelled (the request ended) or closed."""
+    every = LEASE_RENEW_EVERY.total_seconds()
+    while True:
+        await asyncio.sleep(every)
+        try:
+            if not await reservation_renew_async(reservation_id=reservation_id):
+                return
+        except Exception:  # a database blip: the lease has room for the next try
+            log.warning("could not renew the lease of reservation %s", reservation_id, exc_info=True)
 
 
 async def _select(params: CompletionParams) -> list[WorkerTarget]:
@@ -268,6 +304,7 @@ async def _stream(call: _Call) -> None:
     response: httpx.Response | None = None
     events = None
     counted: str | None = None  # the worker whose in-flight count this stream holds
+    loop = asyncio.get_running_loop()
     try:
         ex.interruptible = True
         first: bytes | None = None
@@ -278,8 +315,11 @@ async def _stream(call: _Call) -> None:
             routing.acquire(worker.worker_id)
             counted = worker.worker_id
             try:
+                deadline = loop.time() + worker_total_timeout(worker.runtime_config)
                 response, events = await _stream_open(call, worker)
-                first = await anext(events, None)
+                # Headers from the worker are not an answer: until its first data event the client has
+                # none either, so the read timeout applies to that event (comments don't reset it).
+                first = await _next_event(events, worker, deadline)
                 if first is None:
                     raise RuntimeUsageUnavailable("the worker's stream ended without any event; nothing was charged")
                 break
@@ -294,7 +334,7 @@ async def _stream(call: _Call) -> None:
         assert response is not None and events is not None and first is not None
         ex.outcome.ttft = ex.outcome.elapsed()
         await ex.start_stream()
-        await _relay(call, first, events, response)
+        await _relay(call, first, events, response, deadline)
     except asyncio.CancelledError:
         if not ex.disconnected:
             raise
@@ -327,7 +367,21 @@ async def _stream_open(call: _Call, worker: WorkerTarget) -> tuple[httpx.Respons
     return response, triton_stream_chunks(response, worker=worker, params=params, max_tokens=max_tokens)
 
 
-async def _relay(call: _Call, first: bytes, events: Any, response: httpx.Response) -> None:
+async def _next_event(events: Any, worker: WorkerTarget, deadline: float) -> bytes | None:
+    """The next data event, within the worker's read timeout and the stream's total deadline."""
+    loop = asyncio.get_running_loop()
+    idle = worker_timeout(worker.runtime_config).read or worker_total_timeout(worker.runtime_config)
+    by_idle = loop.time() + idle
+    try:
+        async with asyncio.timeout_at(min(by_idle, deadline)):
+            payload: bytes | None = await anext(events, None)
+            return payload
+    except TimeoutError:
+        what = "ran past its total timeout" if deadline <= by_idle else f"sent no data event for {idle:g} s"
+        raise UpstreamTimeout(f"the worker {what}; nothing was charged") from None
+
+
+async def _relay(call: _Call, first: bytes, events: Any, response: httpx.Response, deadline: float) -> None:
     """Forward each upstream event as it arrives; settle on the usage event's authority; end with [DONE]."""
     ex = call.ex
     public_model = call.params.model
@@ -360,7 +414,7 @@ async def _relay(call: _Call, first: bytes, events: Any, response: httpx.Respons
                 await ex.send_chunk(b"data: " + orjson.dumps(chunk) + b"\n\n")
                 if choices and _has_content(choices[0]):
                     call.delivered_chunks += 1
-            payload = await anext(events, None)
+            payload = await _next_event(events, worker, deadline)
         if call.usage is None:
             raise RuntimeUsageUnavailable("the worker's stream ended without usage; nothing was charged")
     except WorkerError as error:

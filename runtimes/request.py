@@ -9,6 +9,11 @@ CHAT = "chat"
 COMPLETIONS = "completions"
 EMBEDDINGS = "embeddings"
 
+# A count outside 0..MAX_TOKEN_COUNT is not authoritative usage (a worker's bug, or an overflow such
+# as 2^31): the request ends in runtime_usage_unavailable and nothing is charged. The ledger
+# (billing.services) refuses the same range.
+MAX_TOKEN_COUNT = 1_000_000_000
+
 
 @dataclass(slots=True)
 class CompletionParams:
@@ -34,6 +39,11 @@ def usage_from(data: Any) -> Usage | None:
     if not isinstance(data, dict):
         return None
     prompt, completion = data.get("prompt_tokens"), data.get("completion_tokens")
-    if type(prompt) is not int or type(completion) is not int or prompt < 0 or completion < 0:
+    if not is_token_count(prompt) or not is_token_count(completion):
         return None
     return Usage(prompt, completion)
+
+
+def is_token_count(value: Any) -> bool:
+    """An int (not a bool or float) in 0..MAX_TOKEN_COUNT."""
+    return type(value) is int and 0 <= value <= MAX_TOKEN_COUNT

@@ -27,7 +27,7 @@ from runtimes.errors import (
     worker_message,
 )
 from runtimes.http import get_client, worker_timeout, worker_total_timeout
-from runtimes.request import CHAT, CompletionParams, Usage
+from runtimes.request import CHAT, CompletionParams, Usage, is_token_count
 from runtimes.target import WorkerTarget
 
 DEFAULT_CHAT_TEMPLATE = {"prefix": "", "message": "{role}: {content}\n", "suffix": "assistant:"}
@@ -147,7 +147,9 @@ def _first(outputs: dict[str, Any], name: str) -> Any:
 
 def _count(outputs: dict[str, Any], name: str) -> int:
     value = _first(outputs, name)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or int(value) != value:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # Triton's JSON writes some integer tensors as 3.0
+    if not is_token_count(value):
         raise RuntimeUsageUnavailable(
             "the Triton worker returned no authoritative token counts",
             detail=f"output {name!r} missing or not a count: {value!r}",

@@ -14,9 +14,11 @@ from billing.pricing import cost_of
 from billing.selectors import ledger_totals
 from billing.services import (
     InsufficientCredits,
+    InvalidAmount,
     credits_grant,
     credits_reserve,
     reservation_release,
+    reservation_renew,
     reservation_settle,
     reservations_expire,
 )
@@ -139,12 +141,107 @@ def test_an_overrun_is_charged_and_recorded():
     assert_ledger_balances(account)
 
 
+def test_an_overrun_beyond_the_balance_is_capped_never_overdrawn_and_recorded():
+    """The issue's figures: 1,000,000 + 1,000,000 tokens reported against a 41 micro-credit hold."""
+    account = make_account(credits=0)
+    credits_grant(account=account, amount=41, actor="staff")
+    model = make_model(input_price=1 * MICRO, output_price=2 * MICRO)
+    reservation = credits_reserve(account_id=account.pk, amount=41, model=model)
+    record = reservation_settle(
+        reservation_id=reservation.pk,
+        prompt_tokens=1_000_000,
+        completion_tokens=1_000_000,
+        outcome=RequestOutcome(request_id="", latency=0.0, worker_id="greedy-1"),
+    )
+    assert record is not None
+    full_cost = 3 * MICRO
+    assert (record.cost, record.reserved, record.overrun, record.uncharged) == (41, 41, full_cost - 41, full_cost - 41)
+    assert record.worker_id == "greedy-1"
+    account.refresh_from_db()
+    assert (account.available, account.reserved) == (0, 0)
+    settle_row = LedgerEntry.objects.get(account=account, kind="settle")
+    assert settle_row.amount == 41 and f"uncharged overrun {full_cost - 41} micro-credits" in settle_row.note
+    assert_ledger_balances(account)
+    # Usage rows and ledger agree on what was charged.
+    assert sum(UsageRecord.objects.filter(account=account).values_list("cost", flat=True)) == settle_row.amount
+
+
+def test_an_overrun_the_balance_covers_is_charged_in_full():
+    account = make_account(credits=1)
+    reservation = credits_reserve(account_id=account.pk, amount=100, model=make_model())
+    record = reservation_settle(reservation_id=reservation.pk, prompt_tokens=300, completion_tokens=0)
+    assert record is not None and (record.cost, record.overrun, record.uncharged) == (300, 200, 0)
+    account.refresh_from_db()
+    assert account.available == MICRO - 300
+    assert LedgerEntry.objects.get(account=account, kind="settle").note == ""
+    assert_ledger_balances(account)
+
+
+def test_the_database_refuses_a_negative_balance():
+    from django.db import IntegrityError, transaction
+
+    from accounts.models import Account
+
+    account = make_account(credits=1)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Account.objects.filter(pk=account.pk).update(available=-1)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Account.objects.filter(pk=account.pk).update(reserved=-1)
+
+
+@pytest.mark.parametrize("count", [2**31, 2**63, -1, 1_000_000_001, 1.0, True])
+def test_token_counts_outside_the_sane_range_are_refused_and_the_hold_can_still_be_released(count):
+    account = make_account(credits=1)
+    reservation = credits_reserve(account_id=account.pk, amount=100, model=make_model())
+    with pytest.raises(InvalidAmount):
+        reservation_settle(reservation_id=reservation.pk, prompt_tokens=count, completion_tokens=0)
+    assert Reservation.objects.get(pk=reservation.pk).status == "held"
+    reservation_release(reservation_id=reservation.pk, error_code="runtime_usage_unavailable")
+    account.refresh_from_db()
+    assert (account.available, account.reserved) == (MICRO, 0)
+    assert_ledger_balances(account)
+
+
+def test_a_leased_reservation_is_never_swept_and_renewing_keeps_it():
+    account = make_account(credits=1)
+    reservation = credits_reserve(account_id=account.pk, amount=100, model=make_model())
+    Reservation.objects.filter(pk=reservation.pk).update(created_at=timezone.now() - timedelta(hours=1))
+    assert reservations_expire(older_than=timedelta(seconds=3)) == 0  # old, but its request still runs
+    Reservation.objects.filter(pk=reservation.pk).update(lease_until=timezone.now() - timedelta(seconds=1))
+    assert reservation_renew(reservation_id=reservation.pk)  # the gateway renews it in time
+    assert reservations_expire(older_than=timedelta(seconds=3)) == 0
+    assert Reservation.objects.get(pk=reservation.pk).status == "held"
+
+
+def test_a_settle_after_the_sweeper_expired_the_hold_still_charges():
+    account = make_account(credits=0)
+    credits_grant(account=account, amount=250, actor="staff")
+    reservation = credits_reserve(account_id=account.pk, amount=100, model=make_model())
+    past = timezone.now() - timedelta(hours=1)
+    Reservation.objects.filter(pk=reservation.pk).update(created_at=past, lease_until=past)
+    assert reservations_expire(older_than=timedelta(seconds=3)) == 1
+    assert not reservation_renew(reservation_id=reservation.pk)
+    # 300 micro-credits of content were delivered; the account has 250: charged 250, 50 uncharged.
+    record = reservation_settle(reservation_id=reservation.pk, prompt_tokens=300, completion_tokens=0)
+    assert record is not None and (record.cost, record.uncharged) == (250, 50)
+    assert Reservation.objects.get(pk=reservation.pk).status == "settled"
+    account.refresh_from_db()
+    assert (account.available, account.reserved) == (0, 0)
+    settle_row = LedgerEntry.objects.get(account=account, kind="settle")
+    assert (settle_row.amount, settle_row.reserved_delta) == (250, 0)
+    assert "settled after the reservation expired" in settle_row.note
+    assert reservation_settle(reservation_id=reservation.pk, prompt_tokens=300, completion_tokens=0) is None
+    assert_ledger_balances(account)
+
+
 def test_the_sweeper_releases_only_stale_reservations():
     account = make_account(credits=10)
     model = make_model()
     stale = credits_reserve(account_id=account.pk, amount=MICRO, model=model)
     fresh = credits_reserve(account_id=account.pk, amount=MICRO, model=model)
-    Reservation.objects.filter(pk=stale.pk).update(created_at=timezone.now() - timedelta(hours=1))
+    # Its process died an hour ago: it stopped renewing the lease too.
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    Reservation.objects.filter(pk=stale.pk).update(created_at=an_hour_ago, lease_until=an_hour_ago)
     assert reservations_expire(older_than=timedelta(minutes=15)) == 1
     assert reservations_expire(older_than=timedelta(minutes=15)) == 0
     assert Reservation.objects.get(pk=stale.pk).status == "expired"

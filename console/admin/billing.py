@@ -184,6 +184,24 @@ class WorkerFilter(admin.SimpleListFilter):
         return queryset.filter(worker_id=self.value()) if self.value() else queryset
 
 
+class UnchargedOverrunFilter(admin.SimpleListFilter):
+    """Requests whose worker reported more usage than the account could pay: with the worker filter,
+    which workers overrun and by how much (CONTRACT: Money invariants)."""
+
+    title = "uncharged overrun"
+    parameter_name = "uncharged"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "With an uncharged overrun"), ("no", "Without")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.filter(uncharged__gt=0)
+        if self.value() == "no":
+            return queryset.filter(uncharged=0)
+        return queryset
+
+
 class _Echo:
     def write(self, value: str) -> str:
         return value
@@ -249,6 +267,7 @@ class UsageRecordAdmin(ReadOnlyAdmin):
         "prompt_tokens",
         "completion_tokens",
         "cost_credits",
+        "uncharged_credits",
         "latency_ms",
         "ttft_ms",
         "request_id",
@@ -258,6 +277,7 @@ class UsageRecordAdmin(ReadOnlyAdmin):
         ("account", admin.RelatedOnlyFieldListFilter),
         ModelFilter,
         WorkerFilter,
+        UnchargedOverrunFilter,
         "status",
         ("created_at", admin.DateFieldListFilter),
     )
@@ -270,6 +290,10 @@ class UsageRecordAdmin(ReadOnlyAdmin):
     @admin.display(description="Cost (credits)", ordering="cost")
     def cost_credits(self, obj: UsageRecord) -> str:
         return format_credits(obj.cost)
+
+    @admin.display(description="Uncharged overrun (credits)", ordering="uncharged")
+    def uncharged_credits(self, obj: UsageRecord) -> str:
+        return format_credits(obj.uncharged) if obj.uncharged else "-"
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
