@@ -274,6 +274,8 @@ class Simulator:
         }
         if how.usage is not None:
             usage = {"prompt_tokens": how.usage[0], "completion_tokens": how.usage[1]}
+            if all(type(n) is int for n in how.usage):
+                usage["total_tokens"] = how.usage[0] + how.usage[1]
         finish = "length" if limit and count >= int(limit) else "stop"
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         model = str(body.get("model", ""))
