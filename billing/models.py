@@ -126,3 +126,28 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.model_id} {self.status}"
+
+
+class IdempotencyKey(models.Model):
+    """One client's Idempotency-Key (CONTRACT): claimed by inserting this row, so of two identical
+    requests at once exactly one runs; the answer it charged for is kept for replays (24 h)."""
+
+    class State(models.TextChoices):
+        RUNNING = "running"
+        DONE = "done"
+
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    body_hash = models.CharField(max_length=64, help_text="sha256 of the request body")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.RUNNING)
+    status = models.PositiveSmallIntegerField(default=0, help_text="the answer's HTTP status")
+    streamed = models.BooleanField(default=False)
+    body = models.BinaryField(default=b"", help_text="the answer as sent: JSON, or the SSE bytes")
+    request_id = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["api_key", "key"], name="idempotency_key_unique_per_api_key")]
+
+    def __str__(self) -> str:
+        return f"{self.api_key_id} {self.key} {self.state}"

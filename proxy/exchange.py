@@ -37,6 +37,7 @@ class Exchange:
         "interruptible",
         "task",
         "outcome",
+        "recording",
     )
 
     def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -48,6 +49,7 @@ class Exchange:
         self.disconnected = False
         self.interruptible = False  # True while cancelling the task on disconnect is safe (no DB write running)
         self.task: asyncio.Task[Any] | None = None
+        self.recording: list[bytes] | None = None  # the answer's body as sent, when an Idempotency-Key keeps it
         request_id = b""
         authorization = b""
         for name, value in scope["headers"]:
@@ -98,6 +100,8 @@ class Exchange:
         self.response_started = True
         await self._send({"type": "http.response.start", "status": status, "headers": all_headers})
         await self._send({"type": "http.response.body", "body": body})
+        if self.recording is not None:
+            self.recording.append(body)
 
     async def respond_error(self, error: GatewayError) -> None:
         self.outcome.error_code = error.code
@@ -111,9 +115,13 @@ class Exchange:
 
     async def send_chunk(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        if self.recording is not None:
+            self.recording.append(data)
 
     async def end_stream(self, data: bytes = b"") -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": False})
+        if self.recording is not None:
+            self.recording.append(data)
 
     def watch_disconnect(self) -> asyncio.Task[None]:
         """Notice the client leaving while we stream (uvicorn's send() then silently drops data).

@@ -60,6 +60,7 @@ from core.outcome import RequestOutcome
 from proxy.embeddings import parse_embeddings
 from proxy.errors import GatewayError
 from proxy.exchange import Exchange
+from proxy.idempotency import idempotency_begin, idempotency_end, idempotency_key, idempotency_replay
 from proxy.payloads import parse_completion
 from proxy.pending import pending_close
 from proxy.ratelimit import rate_limit_admit, rate_limit_refund
@@ -112,6 +113,7 @@ class _Call:
     usage: Usage | None = None
     delivered_chunks: int = 0
     closed: bool = False  # the reservation was settled or released
+    settled: bool = False  # ... and the request was charged
 
     def _outcome(self) -> RequestOutcome:
         outcome = self.ex.outcome
@@ -139,7 +141,7 @@ class _Call:
         await _close_or_queue("settle", self.reservation_id, close)
         # Closed once the settle committed (or was queued until the database is back): a settle that
         # raised otherwise leaves the hold to release(), so nothing stays held.
-        self.closed = True
+        self.closed = self.settled = True
 
     async def release(self, error_code: str) -> None:
         if self.closed or self.reservation_id is None:
@@ -163,10 +165,28 @@ async def _close_or_queue(what: str, reservation_id: object, close: Callable[[],
 
 
 async def handle_completion(ex: Exchange, endpoint: str) -> None:
-    raw = await ex.body()
-    params = parse_embeddings(raw) if endpoint == EMBEDDINGS else parse_completion(raw, endpoint=endpoint)
+    body = await ex.body()
+    params = parse_embeddings(body) if endpoint == EMBEDDINGS else parse_completion(body, endpoint=endpoint)
     ex.outcome.model, ex.outcome.streamed = params.model, params.stream
+    idempotency_key(ex)  # a malformed key is a 400 before anything else is looked at
     key = await authenticate(ex, endpoint)  # the scope names match the endpoints: chat, completions, embeddings
+    claim = await idempotency_begin(ex, key=key, body=body)
+    if claim is None:
+        await _serve(ex, params, key, [])
+        return
+    if claim.verdict == "replay":
+        await idempotency_replay(ex, claim)
+        return
+    calls: list[_Call] = []
+    try:
+        await _serve(ex, params, key, calls)
+    finally:
+        await idempotency_end(ex, claim, charged=bool(calls) and calls[0].settled)
+
+
+async def _serve(ex: Exchange, params: CompletionParams, key: KeyInfo, calls: list[_Call]) -> None:
+    """Everything after authentication; the _Call goes into `calls` as soon as it exists."""
+    endpoint = params.endpoint
     model = (await catalog.public_models()).get(params.model)
     if model is None:
         raise GatewayError(404, "model_not_found", f"the model '{params.model}' does not exist", param="model")
@@ -185,6 +205,7 @@ async def handle_completion(ex: Exchange, endpoint: str) -> None:
         raise GatewayError(429, "rate_limit_exceeded", "rate limit exceeded for this key; retry after the given time")
 
     call = _Call(ex=ex, params=params, key=key, model=model, max_tokens=max_tokens, prompt_bound=prompt_bound)
+    calls.append(call)
     lease: asyncio.Task[None] | None = None
     try:
         call.workers = await _select(params)
