@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 CHAT = "chat"
 COMPLETIONS = "completions"
@@ -44,6 +44,6 @@ def usage_from(data: Any) -> Usage | None:
     return Usage(prompt, completion)
 
 
-def is_token_count(value: Any) -> bool:
+def is_token_count(value: Any) -> TypeGuard[int]:
     """An int (not a bool or float) in 0..MAX_TOKEN_COUNT."""
     return type(value) is int and 0 <= value <= MAX_TOKEN_COUNT

@@ -144,10 +144,17 @@ def test_keys_are_scoped_to_the_api_key_and_last_24_hours(world):
 
 def test_the_openai_sdk_sends_it_with_extra_headers(world):
     ai = openai.OpenAI(base_url=world["url"] + "/v1", api_key=world["secret"], max_retries=2)
-    ask = {"model": "acme/model-1", "messages": [{"role": "user", "content": "hi"}]}
-    first = ai.chat.completions.create(**ask, extra_headers={"Idempotency-Key": "sdk-1"})
+    first = ai.chat.completions.create(
+        model="acme/model-1",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"Idempotency-Key": "sdk-1"},
+    )
     cost = charged(world)
-    raw = ai.chat.completions.with_raw_response.create(**ask, extra_headers={"Idempotency-Key": "sdk-1"})
+    raw = ai.chat.completions.with_raw_response.create(
+        model="acme/model-1",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"Idempotency-Key": "sdk-1"},
+    )
     assert raw.headers["idempotent-replayed"] == "true"
     assert raw.parse().choices[0].message.content == first.choices[0].message.content
     assert charged(world) == cost
