@@ -263,12 +263,15 @@ def test_a_negative_grant_cannot_overdraw():
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_reservations_never_overdraw_and_the_ledger_balances():
+def test_concurrent_reservations_never_overdraw_and_the_ledger_balances(monkeypatch):
     """40 threads race to reserve 1 credit each against 10 credits; then mixed closes race too.
 
     A read-then-write reservation would let several threads see the same balance
     and overdraw; the conditional UPDATE lets exactly 10 through.
     """
+    import billing.services
+
+    monkeypatch.setattr(billing.services, "LEASE", timedelta(0))  # leases lapse at once, so the sweep races too
     account = make_account(credits=10)
     model = make_model()
     barrier = threading.Barrier(40)
@@ -316,4 +319,31 @@ def test_concurrent_reservations_never_overdraw_and_the_ledger_balances():
     assert account.reserved == 0
     settled = UsageRecord.objects.filter(account=account, status="ok").count()
     assert account.available == 10 * MICRO - settled * 200
+    assert_ledger_balances(account)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_overrunning_settles_never_overdraw():
+    """20 holds of 0.1 credit on a 2-credit account, all settled at once with 1M tokens each (1 credit):
+    together they charge exactly the 2 credits there were, never more, and every row reconciles."""
+    account = make_account(credits=2)
+    model = make_model(input_price=MICRO, output_price=0)
+    held = [str(credits_reserve(account_id=account.pk, amount=MICRO // 10, model=model).pk) for _ in range(20)]
+    barrier = threading.Barrier(20)
+
+    def settle(reservation_id: str) -> None:
+        try:
+            barrier.wait()
+            reservation_settle(reservation_id=reservation_id, prompt_tokens=1_000_000, completion_tokens=0)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        list(pool.map(settle, held))
+    account.refresh_from_db()
+    assert (account.available, account.reserved) == (0, 0)
+    records = UsageRecord.objects.filter(account=account)
+    assert sum(r.cost for r in records) == 2 * MICRO
+    assert sum(r.cost + r.uncharged for r in records) == 20 * MICRO
     assert_ledger_balances(account)
