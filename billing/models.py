@@ -98,8 +98,12 @@ class UsageRecord(models.Model):
     cost = models.BigIntegerField(default=0, help_text="micro-credits charged")
     reserved = models.BigIntegerField(default=0, help_text="micro-credits that were held")
     overrun = models.BigIntegerField(default=0, help_text="micro-credits the usage cost beyond the reservation")
+    # A database default too: gateway processes still on the previous release keep inserting usage
+    # rows without this column while a rolling deploy runs.
     uncharged = models.BigIntegerField(
-        default=0, help_text="micro-credits of the usage's cost the account could not pay (never overdrawn)"
+        default=0,
+        db_default=0,
+        help_text="micro-credits of the usage's cost the account could not pay (never overdrawn)",
     )
     latency_ms = models.PositiveIntegerField(default=0)
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)

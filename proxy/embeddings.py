@@ -5,9 +5,7 @@ settle from the worker's usage.prompt_tokens, the same failure path).
 
 from __future__ import annotations
 
-import orjson
-
-from proxy.payloads import invalid, refuse_deep_nesting
+from proxy.payloads import invalid, parse_body
 from runtimes.request import EMBEDDINGS, CompletionParams
 
 ENCODING_FORMATS = ("float", "base64")
@@ -16,16 +14,7 @@ MAX_INPUTS = 2048  # OpenAI's own limit on one request's inputs
 
 def parse_embeddings(raw: bytes) -> CompletionParams:
     """The body of POST /v1/embeddings, or a 400 naming the field."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise invalid("the request body is not valid JSON", None) from None
-    if not isinstance(body, dict):
-        raise invalid("the request body must be a JSON object", None)
-    refuse_deep_nesting(raw, body)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid("'model' is required and must be a string", "model")
+    body, model = parse_body(raw)
     value = body.get("input")
     texts = [value] if isinstance(value, str) else value
     # Token-array inputs would need the worker's tokenizer to bound the reservation: refused.

@@ -112,8 +112,8 @@ def _message_texts(messages: Any) -> list[str]:
     return texts
 
 
-def parse_completion(raw: bytes, *, endpoint: str) -> CompletionParams:
-    """The body of POST /v1/chat/completions or /v1/completions, or a 400 naming the field."""
+def parse_body(raw: bytes) -> tuple[dict[str, Any], str]:
+    """A /v1 POST body as a JSON object, and its required `model`; or a 400 naming the field."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -124,6 +124,12 @@ def parse_completion(raw: bytes, *, endpoint: str) -> CompletionParams:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required and must be a string", "model")
+    return body, model
+
+
+def parse_completion(raw: bytes, *, endpoint: str) -> CompletionParams:
+    """The body of POST /v1/chat/completions or /v1/completions, or a 400 naming the field."""
+    body, model = parse_body(raw)
 
     messages: list[dict[str, Any]] = []
     prompt = ""

@@ -21,9 +21,9 @@ from typing import Any
 
 import orjson
 
-from runtimes.errors import RuntimeUsageUnavailable, TritonInferenceFailed, UpstreamError, WorkerRejected, http_failures
+from runtimes.errors import RuntimeUsageUnavailable, TritonInferenceFailed, WorkerRejected, http_failures
 from runtimes.http import get_client, worker_timeout, worker_total_timeout
-from runtimes.openai import auth_headers, rejected
+from runtimes.openai import auth_headers, send_for_json
 from runtimes.request import CompletionParams, Usage
 from runtimes.target import WorkerTarget
 from runtimes.triton import triton_rejection
@@ -77,17 +77,7 @@ async def openai_embed(
         headers=headers,
         timeout=worker_timeout(worker.runtime_config),
     )
-    with http_failures():
-        async with asyncio.timeout(worker_total_timeout(worker.runtime_config)):
-            response = await get_client().send(request)
-    if response.status_code != 200:
-        raise rejected(worker, response.status_code, response.text)
-    try:
-        data = orjson.loads(response.content)
-    except orjson.JSONDecodeError:
-        raise UpstreamError("the worker's answer is not JSON", detail=response.text[:500]) from None
-    if not isinstance(data, dict):
-        raise UpstreamError("the worker's answer is not a JSON object")
+    data = await send_for_json(worker, request)
     usage = data.get("usage")
     prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     if type(prompt_tokens) is not int or prompt_tokens < 0:

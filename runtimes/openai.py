@@ -89,11 +89,8 @@ def _upstream_request(
     )
 
 
-async def openai_complete(
-    *, worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
-) -> tuple[dict[str, Any], Usage]:
-    """A non-streaming call: the worker's JSON answer (model id rewritten to the public one) and its usage."""
-    request = _upstream_request(worker, params, max_tokens, request_id)
+async def send_for_json(worker: WorkerTarget, request: httpx.Request) -> dict[str, Any]:
+    """Send a non-streaming request within the worker's total timeout; its JSON object answer, or a WorkerError."""
     with http_failures():
         async with asyncio.timeout(worker_total_timeout(worker.runtime_config)):
             response = await get_client().send(request)
@@ -105,6 +102,15 @@ async def openai_complete(
         raise UpstreamError("the worker's answer is not JSON", detail=response.text[:500]) from None
     if not isinstance(data, dict):
         raise UpstreamError("the worker's answer is not a JSON object")
+    return data
+
+
+async def openai_complete(
+    *, worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
+) -> tuple[dict[str, Any], Usage]:
+    """A non-streaming call: the worker's JSON answer (model id rewritten to the public one) and its usage."""
+    request = _upstream_request(worker, params, max_tokens, request_id)
+    data = await send_for_json(worker, request)
     usage = usage_from(data.get("usage"))
     if usage is None:
         raise RuntimeUsageUnavailable("the worker's answer has no usage; nothing was charged")

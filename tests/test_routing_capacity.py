@@ -164,7 +164,7 @@ def test_requests_another_gateway_process_has_in_flight_count_across_processes(p
             while not stop.is_set():
                 await fleet.sync_once(client, process="other-gateway", counts={"fast": 40}, known=[])
                 await asyncio.sleep(0.1)
-            await client.delete(fleet.PROCESS_PREFIX + "other-gateway")
+            await client.delete(fleet.process_key("other-gateway"))
 
     async def main() -> dict[str, int]:
         publisher = asyncio.create_task(other_process())

@@ -2,9 +2,10 @@
 
 The request path reads memory only, never Redis. With REDIS_URL, a task per event loop (started by the
 first routing decision, ended after IDLE_STOP_S with nothing in flight here) makes one pipelined round
-trip every SYNC_INTERVAL_S: it writes this process's counts to the hash `si:inflight:p:PROCESS` (which
+trip every SYNC_INTERVAL_S: it writes this process's counts to the hash `si:inflight:DB:p:PROCESS` (which
 expires after TTL_S, so a dead process's counts vanish with it), lists the processes in the set
-`si:inflight:procs`, and reads the other processes' hashes back into memory.
+`si:inflight:DB:procs` (DB: the database's name, one deployment), and reads the other processes'
+hashes back into memory.
 
 Staleness: another process's counts are at most SYNC_INTERVAL_S + one round trip old (about 0.3 s),
 and this process's own are exact. When no sync succeeded for TTL_S (Redis unreachable, or the first
@@ -24,20 +25,33 @@ import weakref
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 
 log = logging.getLogger("speedinfer.routing")
 
 SYNC_INTERVAL_S = 0.25
 TTL_S = 2.0
 IDLE_STOP_S = 10.0
-PROCESSES_KEY = "si:inflight:procs"
-PROCESS_PREFIX = "si:inflight:p:"
 PROCESS = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 _local: dict[str, int] = {}
 _others: dict[str, int] = {}
 _others_at = float("-inf")
 _tasks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = weakref.WeakKeyDictionary()
+
+
+def _namespace() -> str:
+    # Worker ids are unique within one deployment, which is one database: processes of another
+    # deployment sharing this Redis (or a parallel test run) must not add their counts to ours.
+    return f"si:inflight:{connection.settings_dict['NAME']}:"
+
+
+def processes_key() -> str:
+    return _namespace() + "procs"
+
+
+def process_key(process: str) -> str:
+    return _namespace() + "p:" + process
 
 
 def acquire(worker_id: str) -> None:
@@ -96,17 +110,17 @@ async def sync_once(
 ) -> tuple[list[str], dict[str, int]]:
     """Publish `counts` as `process`'s and read the other processes in `known`: returns the processes
     registered now (to read on the next call: one round trip each time) and the others' totals."""
-    mine = PROCESS_PREFIX + process
+    mine = process_key(process)
     others = [p for p in known if p != process]
     async with client.pipeline(transaction=True) as pipe:
         pipe.delete(mine)
         if counts:
             pipe.hset(mine, mapping=counts)
             pipe.pexpire(mine, int(TTL_S * 1000))
-        pipe.sadd(PROCESSES_KEY, process)
-        pipe.smembers(PROCESSES_KEY)
+        pipe.sadd(processes_key(), process)
+        pipe.smembers(processes_key())
         for other in others:
-            pipe.hgetall(PROCESS_PREFIX + other)
+            pipe.hgetall(process_key(other))
         results = await pipe.execute()
     hashes = results[len(results) - len(others) :] if others else []
     members = results[len(results) - len(others) - 1]
@@ -119,7 +133,7 @@ async def sync_once(
             key = worker_id.decode() if isinstance(worker_id, bytes) else str(worker_id)
             totals[key] = totals.get(key, 0) + int(count)
     if gone:
-        await client.srem(PROCESSES_KEY, *gone)
+        await client.srem(processes_key(), *gone)
     return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members), totals
 
 
@@ -155,7 +169,7 @@ async def _sync_forever() -> None:
     finally:
         _others, _others_at = {}, float("-inf")
         try:
-            await asyncio.shield(client.delete(PROCESS_PREFIX + PROCESS))
+            await asyncio.shield(client.delete(process_key(PROCESS)))
         except (RedisError, OSError, asyncio.CancelledError):
             pass
         await client.aclose()

@@ -18,6 +18,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='usagerecord',
             name='uncharged',
-            field=models.BigIntegerField(default=0, help_text="micro-credits of the usage's cost the account could not pay (never overdrawn)"),
+            field=models.BigIntegerField(db_default=0, default=0, help_text="micro-credits of the usage's cost the account could not pay (never overdrawn)"),
         ),
     ]
