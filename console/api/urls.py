@@ -18,4 +18,5 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("keys/", accounts.KeyListApi.as_view(), name="api-keys"),
     path("keys/<int:key_id>/", accounts.KeyDetailApi.as_view(), name="api-key"),
     path("keys/<int:key_id>/revoke/", accounts.KeyRevokeApi.as_view(), name="api-key-revoke"),
+    path("keys/<int:key_id>/budget/", accounts.KeyBudgetApi.as_view(), name="api-key-budget"),
 ]
