@@ -109,10 +109,12 @@ def credits_grant(*, account: Account, amount: int, actor: object, note: str = "
         if amount < 0:
             rows = rows.filter(available__gte=-amount)
         if rows.update(available=F("available") + amount) != 1:
-            have = Account.objects.filter(pk=account.pk).values_list("available", flat=True).first() or 0
+            available = Account.objects.filter(pk=account.pk).values_list("available", flat=True).first() or 0
             raise InsufficientCredits(
-                f"account {account.name!r} has {format_credits(have)} credits available,"
-                f" less than the {format_credits(-amount)} to remove"
+                f"account {account.name!r} has {format_credits(available)} credits available,"
+                f" less than the {format_credits(-amount)} to remove",
+                needed=-amount,
+                available=available,
             )
         entry = ledger_orm.ledger_append(
             account_id=account.pk,

@@ -261,7 +261,7 @@ def test_models_page_shows_prices_per_million_and_whether_up(owner, model):
     make_model(model_id="acme/idle", input_price=500_000, output_price=1_500_000, max_output_tokens=128)
     Worker.objects.create(
         worker_id="w-1",
-        runtime="vllm",
+        runtime="cuda",
         transport="openai",
         runtime_endpoint="http://127.0.0.1:9",
         supported_models=["acme/dash-model"],
