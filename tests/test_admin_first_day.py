@@ -42,6 +42,7 @@ def registration(worker_id: str = "down-03") -> str:
 def test_branding_example_json_and_view_site(staff):
     index = staff.get("/admin/").content.decode()
     assert "SpeedInfer administration" in index and 'href="/"' in index
+    assert 'href="/docs/"' in index and 'href="/api/docs/"' in index  # the API reference, from every page
     add = staff.get("/admin/workers/worker/add/").content.decode()
     assert "text_generation" in add and "runtime_endpoint" in add  # the example registration JSON
 
