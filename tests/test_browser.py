@@ -148,13 +148,13 @@ def test_customer_dashboard_in_a_real_browser(gateway_server, simulator, setting
 
             # Budgets: the key's spend shows on the keys page; a budget below the next hold refuses it.
             page.goto(f"{base}/dashboard/keys/")
-            row = page.locator('tr[data-key^="sk-si-"]', has_text="browser-key")
+            key_row = page.locator('tr[data-key^="sk-si-"]', has_text="browser-key")
             spent = UsageRecord.objects.get(request_id=rid).cost
-            assert display_credits(spent) in (row.text_content() or "")
-            row.locator("input[name=budget]").fill("0.0001")
-            row.locator(".budget-form button").click()
+            assert display_credits(spent) in (key_row.text_content() or "")
+            key_row.locator("input[name=budget]").fill("0.0001")
+            key_row.locator(".budget-form button").click()
             page.wait_for_selector(".messages li")
-            assert "0.0001 credits a month" in page.text_content(".messages") or ""
+            assert "0.0001 credits a month" in (page.text_content(".messages") or "")
             refused = httpx.post(
                 f"{base}/v1/chat/completions",
                 headers={"Authorization": f"Bearer {secret}"},
@@ -165,7 +165,7 @@ def test_customer_dashboard_in_a_real_browser(gateway_server, simulator, setting
             page.screenshot(path=str(SCREENSHOTS / "05b-keys-budget.png"), full_page=True)
             # Revoke asks first; dismissing keeps the key.
             page.once("dialog", lambda dialog: dialog.dismiss())
-            row.locator("button.danger").click()
+            key_row.locator("button.danger").click()
             assert ApiKey.objects.get(account=account, name="browser-key").revoked_at is None
 
             # The models page: prices per 1M tokens, and up (the simulator serves acme/model-1).

@@ -26,7 +26,10 @@ def test_every_v1_answer_matches_the_document(gateway_server, simulator):
     calls = [
         ("post", "/v1/chat/completions", auth, {"model": "acme/model-1", "messages": HELLO}, 200),
         ("post", "/v1/completions", auth, {"model": "acme/model-1", "prompt": "hello", "max_tokens": 4}, 200),
+        ("post", "/v1/embeddings", auth, {"model": "acme/model-1", "input": ["one two", "three"]}, 200),
         ("get", "/v1/models", auth, None, 200),
+        ("get", "/v1/models/acme/model-1", auth, None, 200),
+        ("get", "/v1/models/acme/none", auth, None, 404),
         ("get", "/v1/key", auth, None, 200),
         ("get", "/v1/usage", auth, None, 200),
         ("post", "/v1/chat/completions", {}, {"model": "acme/model-1", "messages": HELLO}, 401),
@@ -38,7 +41,8 @@ def test_every_v1_answer_matches_the_document(gateway_server, simulator):
     for method, path, headers, body, status in calls:
         response = httpx.request(method, url + path, headers=headers, json=body, timeout=30)
         assert response.status_code == status, (path, response.text)
-        check_response(doc, path.split("?")[0], method, status, response.json())
+        documented = "/v1/models/{model}" if path.startswith("/v1/models/") else path.split("?")[0]
+        check_response(doc, documented, method, status, response.json())
     assert httpx.get(url + "/v1/key", headers=auth).json()["data"]["budget"]["limit"] == "5.000000"
     # The check has teeth: a body that breaks the document is caught.
     with pytest.raises(jsonschema.ValidationError):

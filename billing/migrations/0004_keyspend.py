@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("accounts", "0004_key_budget"),
+        ("accounts", "0005_key_budget"),
         ("billing", "0003_publicmodel_to_catalog"),
     ]
 

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("accounts", "0003_auditlog_to_core"),
+        ("accounts", "0004_account_ceilings"),
     ]
 
     operations = [
