@@ -69,12 +69,13 @@ def _key_spend_hold(reservation: Reservation, budget: int | None) -> None:
         raise _OverBudget
 
 
-def _key_spend_close(reservation: Reservation, cost: int) -> None:
-    """Move a closed reservation's hold out of the key's month row, `cost` of it into spent."""
+def _key_spend_close(reservation: Reservation, *, held: int, charged: int) -> None:
+    """Move a closed reservation's hold (`held`: none left after an expiry) out of the key's month
+    row and what was `charged` into spent."""
     if reservation.api_key_id is None:
         return
     KeySpend.objects.filter(api_key_id=reservation.api_key_id, month=month_start(reservation.created_at)).update(
-        reserved=F("reserved") - reservation.amount, spent=F("spent") + cost
+        reserved=F("reserved") - held, spent=F("spent") + charged
     )
 
 
@@ -186,7 +187,7 @@ def settle(
             actor="gateway",
             note=settle_note(was_held=was_held, uncharged=cost - charged),
         )
-        _key_spend_close(reservation, cost)
+        _key_spend_close(reservation, held=held, charged=charged)
         record = _usage_create(
             reservation,
             usage,
@@ -211,7 +212,7 @@ def return_held(reservation: Reservation, *, kind: str, actor: str, note: str = 
     Account.objects.filter(pk=reservation.account_id).update(
         available=F("available") + reservation.amount, reserved=F("reserved") - reservation.amount
     )
-    _key_spend_close(reservation, 0)  # after the account: the lock order of every money path
+    _key_spend_close(reservation, held=reservation.amount, charged=0)  # after the account: the lock order
     ledger_append(
         account_id=reservation.account_id,
         kind=kind,

@@ -54,12 +54,19 @@ def test_expired_holds_leave_the_budget():
     account = make_account(credits=10)
     key = make_key(account=account).api_key
     held = credits_reserve(account_id=account.pk, amount=MICRO, model=make_model(), api_key_id=key.pk, budget=MICRO)
-    Reservation.objects.filter(pk=held.pk).update(created_at=held.created_at - timedelta(seconds=5))
+    past = held.created_at - timedelta(seconds=5)
+    Reservation.objects.filter(pk=held.pk).update(created_at=past, lease_until=past)  # its process died
     assert KeySpend.objects.get(api_key=key).reserved == MICRO
     assert reservations_expire(older_than=timedelta(seconds=1)) == 1
     # The sweeper's release frees the key's budget as well as the account's credits; nothing was spent.
     spend = KeySpend.objects.get(api_key=key)
     assert (spend.reserved, spend.spent) == (0, 0)
+    # A settle arriving after the expiry still charges (content is never free), and it counts as spent
+    # without taking the already-returned hold out twice.
+    record = reservation_settle(reservation_id=held.pk, prompt_tokens=1000, completion_tokens=500)
+    assert record is not None and record.cost == 2000
+    spend.refresh_from_db()
+    assert (spend.reserved, spend.spent) == (0, 2000)
 
 
 def test_resets_at_is_the_first_instant_of_next_month():

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("accounts", "0004_account_ceilings"),
+        ("accounts", "0005_available_non_negative"),
     ]
 
     operations = [

@@ -6,8 +6,8 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("accounts", "0005_key_budget"),
-        ("billing", "0003_publicmodel_to_catalog"),
+        ("accounts", "0006_key_budget"),
+        ("billing", "0006_idempotency"),
     ]
 
     operations = [
