@@ -29,6 +29,7 @@ class KeyInfo:
     tpm: int | None
     expires_at: datetime | None
     revoked: bool
+    monthly_budget: int | None = None  # micro-credits per calendar month (UTC)
 
 
 _entries: dict[str, tuple[float, KeyInfo]] = {}

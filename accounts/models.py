@@ -65,6 +65,9 @@ class ApiKey(models.Model):
     rpm = models.PositiveIntegerField(null=True, blank=True)
     tpm = models.PositiveIntegerField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
+    # Micro-credits the key may spend per calendar month (UTC); None means no cap.
+    # Enforced by the reservation statement against billing.KeySpend.
+    monthly_budget = models.BigIntegerField(null=True, blank=True, help_text="micro-credits per calendar month (UTC)")
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)

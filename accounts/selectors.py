@@ -42,6 +42,7 @@ def _key_info(api_key: ApiKey) -> KeyInfo:
         tpm=_capped(api_key.tpm, account.tpm_ceiling),
         expires_at=api_key.expires_at,
         revoked=api_key.revoked_at is not None,
+        monthly_budget=api_key.monthly_budget,
     )
 
 

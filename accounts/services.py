@@ -18,6 +18,7 @@ from accounts.keys import generate_key, key_digest
 from accounts.models import DEFAULT_SCOPES, SCOPES, Account, ApiKey, Membership
 from catalog.models import PublicModel
 from core.audit import audit_record
+from core.credits import format_credits
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
@@ -119,6 +120,7 @@ def api_key_create(
     rpm: int | None = None,
     tpm: int | None = None,
     expires_at: datetime | None = None,
+    monthly_budget: int | None = None,
     actor: object = "",
     via: str = "",
 ) -> CreatedKey:
@@ -132,6 +134,7 @@ def api_key_create(
     rpm, tpm = _within_ceilings(account=account, rpm=rpm, tpm=tpm)
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError({"expires": "must be in the future"})
+    _validate_budget(monthly_budget)
     lookup, secret = generate_key()
     api_key = ApiKey(
         account=account,
@@ -143,12 +146,34 @@ def api_key_create(
         rpm=rpm,
         tpm=tpm,
         expires_at=expires_at,
+        monthly_budget=monthly_budget,
     )
     api_key.full_clean()
     with transaction.atomic():
         api_key.save()
         _audit(actor, "key.create", api_key, via=via, scopes=api_key.scopes, models=api_key.allowed_models)
     return CreatedKey(api_key=api_key, secret=secret)
+
+
+def _validate_budget(monthly_budget: int | None) -> None:
+    if monthly_budget is not None and monthly_budget <= 0:
+        raise ValidationError({"budget": "must be a positive amount of credits"})
+
+
+def api_key_set_budget(*, api_key: ApiKey, monthly_budget: int | None, actor: object = "", via: str = "") -> ApiKey:
+    """Set (None: remove) the key's monthly budget in micro-credits; gateways apply it within
+    SPEEDINFER_KEY_CACHE_TTL seconds. What the key spent this month still counts against a new budget."""
+    _validate_budget(monthly_budget)
+    with transaction.atomic():
+        ApiKey.objects.filter(pk=api_key.pk).update(monthly_budget=monthly_budget)
+        api_key.monthly_budget = monthly_budget
+        _audit(actor, "key.budget", api_key, via=via, budget=_credits_or_none(monthly_budget))
+    key_cache.forget(api_key.digest)
+    return api_key
+
+
+def _credits_or_none(micro: int | None) -> str | None:
+    return None if micro is None else format_credits(micro)
 
 
 def api_key_revoke(*, api_key: ApiKey, actor: object = "", via: str = "") -> ApiKey:

@@ -18,8 +18,13 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from accounts.models import Account
-from billing.models import LedgerEntry, Reservation, UsageRecord
+from billing.ledger_sql import ReserveResult, month_start
+from billing.models import KeySpend, LedgerEntry, Reservation, UsageRecord
 from billing.pricing import cost_of
+
+
+class _OverBudget(Exception):
+    """Rolls back a reservation whose key's monthly budget would be exceeded."""
 
 
 def ledger_append(
@@ -51,26 +56,59 @@ def ledger_append(
     )
 
 
-def reserve(reservation: Reservation) -> bool:
-    """Hold reservation.amount and save the reservation; False when it does not fit."""
+def _key_spend_hold(reservation: Reservation, budget: int | None) -> None:
+    """Add the hold to the key's month row, within `budget` if any; inside the reserve's transaction."""
+    if reservation.api_key_id is None:
+        return
+    month = month_start(reservation.created_at)
+    KeySpend.objects.get_or_create(api_key_id=reservation.api_key_id, month=month)
+    rows = KeySpend.objects.filter(api_key_id=reservation.api_key_id, month=month)
+    if budget is not None:
+        rows = rows.filter(spent__lte=budget - reservation.amount - F("reserved"))
+    if rows.update(reserved=F("reserved") + reservation.amount) != 1:
+        raise _OverBudget
+
+
+def _key_spend_close(reservation: Reservation, *, held: int, charged: int) -> None:
+    """Move a closed reservation's hold (`held`: none left after an expiry) out of the key's month
+    row and what was `charged` into spent."""
+    if reservation.api_key_id is None:
+        return
+    KeySpend.objects.filter(api_key_id=reservation.api_key_id, month=month_start(reservation.created_at)).update(
+        reserved=F("reserved") - held, spent=F("spent") + charged
+    )
+
+
+def reserve(reservation: Reservation, *, budget: int | None = None) -> ReserveResult:
+    """Hold reservation.amount and save the reservation, or say why it does not fit."""
     amount = reservation.amount
-    with transaction.atomic(durable=True):
-        held_rows = Account.objects.filter(pk=reservation.account_id, available__gte=amount).update(
-            available=F("available") - amount, reserved=F("reserved") + amount
-        )
-        if held_rows != 1:
-            return False
-        reservation.save(force_insert=True)
-        ledger_append(
-            account_id=reservation.account_id,
-            kind=LedgerEntry.Kind.RESERVE,
-            amount=amount,
-            available_delta=-amount,
-            reserved_delta=amount,
-            reference=str(reservation.pk),
-            actor="gateway",
-        )
-    return True
+    try:
+        with transaction.atomic(durable=True):
+            return _reserve(reservation, amount, budget)
+    except _OverBudget:
+        available = Account.objects.values_list("available", flat=True).get(pk=reservation.account_id)
+        return ReserveResult(held=False, refusal="key_budget_exceeded", available=available)
+
+
+def _reserve(reservation: Reservation, amount: int, budget: int | None) -> ReserveResult:
+    held_rows = Account.objects.filter(pk=reservation.account_id, available__gte=amount).update(
+        available=F("available") - amount, reserved=F("reserved") + amount
+    )
+    if held_rows != 1:
+        available = Account.objects.values_list("available", flat=True).get(pk=reservation.account_id)
+        return ReserveResult(held=False, refusal="insufficient_credits", available=available)
+    _key_spend_hold(reservation, budget)  # raises _OverBudget, which rolls the account's UPDATE back
+    reservation.save(force_insert=True)
+    ledger_append(
+        account_id=reservation.account_id,
+        kind=LedgerEntry.Kind.RESERVE,
+        amount=amount,
+        available_delta=-amount,
+        reserved_delta=amount,
+        reference=str(reservation.pk),
+        actor="gateway",
+    )
+    return ReserveResult(held=True)
 
 
 def _claim(reservation_id: UUID | str, status: str, *, lease_passed_at: datetime | None = None) -> Reservation | None:
@@ -149,6 +187,7 @@ def settle(
             actor="gateway",
             note=settle_note(was_held=was_held, uncharged=cost - charged),
         )
+        _key_spend_close(reservation, held=held, charged=charged)
         record = _usage_create(
             reservation,
             usage,
@@ -173,6 +212,7 @@ def return_held(reservation: Reservation, *, kind: str, actor: str, note: str = 
     Account.objects.filter(pk=reservation.account_id).update(
         available=F("available") + reservation.amount, reserved=F("reserved") - reservation.amount
     )
+    _key_spend_close(reservation, held=reservation.amount, charged=0)  # after the account: the lock order
     ledger_append(
         account_id=reservation.account_id,
         kind=kind,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, date, datetime
 from typing import Any
 from uuid import UUID
 
@@ -22,7 +22,7 @@ from django.db import connection
 from psycopg_pool import PoolTimeout
 
 from accounts.models import Account
-from billing.models import LedgerEntry, Reservation, UsageRecord
+from billing.models import KeySpend, LedgerEntry, Reservation, UsageRecord
 from core.outages import PSYCOPG_DB_ERRORS, DatabaseUnavailable
 from core.pgpool import discard_pool, get_pool
 
@@ -30,18 +30,15 @@ _ACCOUNT = Account._meta.db_table
 _RESERVATION = Reservation._meta.db_table
 _LEDGER = LedgerEntry._meta.db_table
 _USAGE = UsageRecord._meta.db_table
+_SPEND = KeySpend._meta.db_table
 
 _LEDGER_COLUMNS = (
     "account_id, kind, amount, available_delta, reserved_delta, available_after, reserved_after, "
     "reference, actor, note, created_at"
 )
 
-RESERVE = f"""
-WITH acc AS (
-    UPDATE {_ACCOUNT} SET available = available - %(amount)s::bigint, reserved = reserved + %(amount)s::bigint
-    WHERE id = %(account_id)s::bigint AND available >= %(amount)s::bigint
-    RETURNING id, available, reserved
-), res AS (
+_RESERVE_TAIL = f"""
+res AS (
     INSERT INTO {_RESERVATION}
         (id, account_id, api_key_id, model_id, amount, input_price, output_price, status, request_id, created_at,
          lease_until)
@@ -56,8 +53,69 @@ WITH acc AS (
         %(reference)s::varchar, 'gateway', '', %(now)s::timestamptz
     FROM acc
 )
-SELECT count(*) FROM res
 """
+
+# Columns: held (0 or 1), whether the account's credits sufficed (CTE `ok`), the account's available
+# balance (for the refusal's message; a snapshot read, never used for a decision).
+_RESERVE_RESULT = f"""
+SELECT (SELECT count(*) FROM res), (SELECT count(*) FROM ok),
+    (SELECT available FROM {_ACCOUNT} WHERE id = %(account_id)s::bigint)
+"""
+
+# A key without a budget: the key's month row only records the hold, after the account's UPDATE
+# (the same lock order as everywhere: account, then key spend).
+RESERVE = (
+    f"""
+WITH acc AS (
+    UPDATE {_ACCOUNT} SET available = available - %(amount)s::bigint, reserved = reserved + %(amount)s::bigint
+    WHERE id = %(account_id)s::bigint AND available >= %(amount)s::bigint
+    RETURNING id, available, reserved
+), ks AS (
+    INSERT INTO {_SPEND} (api_key_id, month, spent, reserved)
+    SELECT %(api_key_id)s::bigint, %(month)s::date, 0, %(amount)s::bigint FROM acc
+    WHERE %(api_key_id)s::bigint IS NOT NULL
+    ON CONFLICT (api_key_id, month) DO UPDATE SET reserved = {_SPEND}.reserved + EXCLUDED.reserved
+), ok AS (SELECT id FROM acc),"""
+    + _RESERVE_TAIL
+    + _RESERVE_RESULT
+)
+
+# A key with a monthly budget. `ok` row-locks the account when its credits suffice (FOR UPDATE
+# re-reads the newest row version after waiting, so the check is current); `ks` then adds the
+# hold to the key's month row only if spent + reserved + amount stays within the budget (ON
+# CONFLICT DO UPDATE locks that row and checks its newest version); the account's UPDATE runs
+# only when `ks` did. Both conditions are decided under row locks in this one statement, so
+# concurrent reservations can exceed neither the balance nor the budget, and a refusal by
+# either changes nothing (the account row is locked, so its UPDATE cannot fail after `ks`).
+RESERVE_WITH_BUDGET = (
+    f"""
+WITH ok AS (
+    SELECT id FROM {_ACCOUNT} WHERE id = %(account_id)s::bigint AND available >= %(amount)s::bigint FOR UPDATE
+), ks AS (
+    INSERT INTO {_SPEND} (api_key_id, month, spent, reserved)
+    SELECT %(api_key_id)s::bigint, %(month)s::date, 0, %(amount)s::bigint FROM ok
+    WHERE %(amount)s::bigint <= %(budget)s::bigint
+    ON CONFLICT (api_key_id, month) DO UPDATE SET reserved = {_SPEND}.reserved + EXCLUDED.reserved
+    WHERE {_SPEND}.spent + {_SPEND}.reserved + EXCLUDED.reserved <= %(budget)s::bigint
+    RETURNING 1
+), acc AS (
+    UPDATE {_ACCOUNT} SET available = available - %(amount)s::bigint, reserved = reserved + %(amount)s::bigint
+    WHERE id = %(account_id)s::bigint AND available >= %(amount)s::bigint AND EXISTS (SELECT 1 FROM ks)
+    RETURNING id, available, reserved
+),"""
+    + _RESERVE_TAIL
+    + _RESERVE_RESULT
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveResult:
+    """A reservation's outcome: held, or why not ("insufficient_credits" or "key_budget_exceeded")."""
+
+    held: bool
+    refusal: str = ""
+    available: int = 0
+
 
 # The cost is computed in numeric so tokens x price cannot overflow bigint; it
 # rounds up to the next micro-credit exactly as billing.pricing.cost_of does.
@@ -77,7 +135,7 @@ WITH res AS (
     WHERE id = %(id)s::uuid
         AND (status = 'held' OR (status = 'expired' AND %(kind)s::varchar = 'settle'))
     RETURNING id, account_id, api_key_id, model_id, amount, request_id, input_price, output_price,
-        closed_at = %(now)s::timestamptz AS was_held
+        created_at, closed_at = %(now)s::timestamptz AS was_held
 ), c0 AS (
     SELECT res.*, CASE WHEN was_held THEN amount ELSE 0 END AS held, CEIL(
         (%(prompt_tokens)s::numeric * input_price + %(completion_tokens)s::numeric * output_price) / 1000000
@@ -100,6 +158,11 @@ WITH res AS (
             CASE WHEN c.cost > c.charged THEN 'uncharged overrun ' || (c.cost - c.charged) || ' micro-credits' END),
         %(now)s::timestamptz
     FROM acc, c
+), ks AS (
+    -- The key's month moves the hold out (none left after an expiry) and what was charged in.
+    UPDATE {_SPEND} s SET reserved = s.reserved - c.held, spent = s.spent + c.charged
+    FROM acc, c
+    WHERE s.api_key_id = c.api_key_id AND s.month = date_trunc('month', c.created_at AT TIME ZONE 'UTC')::date
 )
 """
 
@@ -137,6 +200,7 @@ class Statement:
     sql: str
     params: dict[str, Any]
     returns_usage: bool
+    is_reserve: bool = False
 
 
 def reserve(
@@ -151,8 +215,11 @@ def reserve(
     request_id: str,
     now: datetime,
     lease_until: datetime | None = None,
+    budget: int | None = None,
 ) -> Statement:
-    """Hold credits; the result is True when they were held, False when they did not fit."""
+    """Hold credits; the result is a ReserveResult.
+
+    With a `budget` (the key's monthly cap, micro-credits), the hold must also fit what is left of it."""
     params = {
         "id": reservation_id,
         "account_id": account_id,
@@ -165,8 +232,16 @@ def reserve(
         "reference": str(reservation_id),
         "now": now,
         "lease_until": lease_until,
+        "month": month_start(now),
+        "budget": budget,
     }
-    return Statement(RESERVE, params, returns_usage=False)
+    sql = RESERVE if budget is None else RESERVE_WITH_BUDGET
+    return Statement(sql, params, returns_usage=False, is_reserve=True)
+
+
+def month_start(moment: datetime) -> date:
+    """The first day of `moment`'s calendar month in UTC: the key spend row it counts in."""
+    return moment.astimezone(UTC).date().replace(day=1)
 
 
 def close(
@@ -203,7 +278,15 @@ def close(
     return Statement(CLOSE_WITH_USAGE, {**params, **usage_params}, returns_usage=True)
 
 
-def _result(statement: Statement, row: Sequence[Any] | None, names: list[str]) -> UsageRecord | bool | None:
+def _result(
+    statement: Statement, row: Sequence[Any] | None, names: list[str]
+) -> UsageRecord | ReserveResult | bool | None:
+    if statement.is_reserve:
+        assert row is not None  # the final SELECT always returns one row
+        if row[0] == 1:
+            return ReserveResult(held=True)
+        refusal = "key_budget_exceeded" if row[1] == 1 else "insufficient_credits"
+        return ReserveResult(held=False, refusal=refusal, available=row[2] or 0)
     if not statement.returns_usage:
         return bool(row and row[0] == 1)
     if row is None:
@@ -214,7 +297,7 @@ def _result(statement: Statement, row: Sequence[Any] | None, names: list[str]) -
     return record
 
 
-def execute(statement: Statement) -> UsageRecord | bool | None:
+def execute(statement: Statement) -> UsageRecord | ReserveResult | bool | None:
     """Run on Django's connection (sync callers, and inside an outer transaction)."""
     with connection.cursor() as cursor:
         cursor.execute(statement.sql, statement.params)
@@ -223,7 +306,7 @@ def execute(statement: Statement) -> UsageRecord | bool | None:
     return _result(statement, row, names)
 
 
-async def execute_async(statement: Statement) -> UsageRecord | bool | None:
+async def execute_async(statement: Statement) -> UsageRecord | ReserveResult | bool | None:
     """Run on this event loop's pool: no thread hop; each statement is its own transaction.
 
     An unreachable database raises core.outages.DatabaseUnavailable within about
@@ -235,7 +318,7 @@ async def execute_async(statement: Statement) -> UsageRecord | bool | None:
         raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
 
 
-async def _execute_async(statement: Statement) -> UsageRecord | bool | None:
+async def _execute_async(statement: Statement) -> UsageRecord | ReserveResult | bool | None:
     global statements_on_pool
     for attempt in (1, 2):
         pool = await get_pool()  # a pool that cannot connect fails its opening within the timeout
@@ -253,8 +336,8 @@ async def _execute_async(statement: Statement) -> UsageRecord | bool | None:
         except psycopg.errors.UniqueViolation:
             # Only a re-sent reserve gets here: the first try committed before its connection
             # broke, so the hold (under this reservation id) already stands.
-            if attempt == 2 and statement.sql is RESERVE:
-                return True
+            if attempt == 2 and statement.is_reserve:
+                return ReserveResult(held=True)
             raise
         except psycopg.OperationalError:
             # The pool handed out a connection the server had closed (a restart, an idle kill):

@@ -155,3 +155,24 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.api_key_id} {self.key} {self.state}"
+
+
+class KeySpend(models.Model):
+    """One key's money in one calendar month (UTC): what was settled and what running requests hold.
+
+    Every reservation made with a key adds to `reserved` in the same statement (or transaction) that
+    holds the account's credits, refused when the key's monthly budget would be exceeded; settle,
+    release and expiry move the hold to `spent` (the cost) or drop it. The row's lock serialises
+    concurrent reservations on one key, so the budget is never exceeded.
+    """
+
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="spend")
+    month = models.DateField(help_text="the first day of the month (UTC)")
+    spent = models.BigIntegerField(default=0, help_text="micro-credits settled this month")
+    reserved = models.BigIntegerField(default=0, help_text="micro-credits held by running requests")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["api_key", "month"], name="keyspend_key_month")]
+
+    def __str__(self) -> str:
+        return f"{self.api_key_id} {self.month:%Y-%m}"

@@ -43,7 +43,16 @@ MAX_TOKEN_COUNT = 1_000_000_000
 
 
 class InsufficientCredits(Exception):
-    pass
+    """The account's available credits do not cover the amount; `needed` and `available` in micro-credits."""
+
+    def __init__(self, message: str = "insufficient credits", *, needed: int = 0, available: int = 0) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.available = available
+
+
+class KeyBudgetExceeded(Exception):
+    """The reservation does not fit what is left of the key's monthly budget."""
 
 
 class InvalidAmount(ValueError):
@@ -100,10 +109,12 @@ def credits_grant(*, account: Account, amount: int, actor: object, note: str = "
         if amount < 0:
             rows = rows.filter(available__gte=-amount)
         if rows.update(available=F("available") + amount) != 1:
-            have = Account.objects.filter(pk=account.pk).values_list("available", flat=True).first() or 0
+            available = Account.objects.filter(pk=account.pk).values_list("available", flat=True).first() or 0
             raise InsufficientCredits(
-                f"account {account.name!r} has {format_credits(have)} credits available,"
-                f" less than the {format_credits(-amount)} to remove"
+                f"account {account.name!r} has {format_credits(available)} credits available,"
+                f" less than the {format_credits(-amount)} to remove",
+                needed=-amount,
+                available=available,
             )
         entry = ledger_orm.ledger_append(
             account_id=account.pk,
@@ -138,8 +149,9 @@ def _new_reservation(
     )
 
 
-def _reserve_statement(reservation: Reservation) -> ledger_sql.Statement:
+def _reserve_statement(reservation: Reservation, budget: int | None) -> ledger_sql.Statement:
     return ledger_sql.reserve(
+        budget=budget,
         reservation_id=reservation.id,
         account_id=reservation.account_id,
         api_key_id=reservation.api_key_id,
@@ -153,35 +165,59 @@ def _reserve_statement(reservation: Reservation) -> ledger_sql.Statement:
     )
 
 
-def _held(reservation: Reservation, held: object) -> Reservation:
-    if held is not True:
-        raise InsufficientCredits("insufficient credits for this request")
+def _held(reservation: Reservation, result: object) -> Reservation:
+    if not isinstance(result, ledger_sql.ReserveResult):
+        raise TypeError(f"a reserve returned {result!r}")
+    if result.refusal == "key_budget_exceeded":
+        raise KeyBudgetExceeded("this request's reservation does not fit what is left of the key's monthly budget")
+    if not result.held:
+        raise InsufficientCredits(
+            f"this request needs {format_credits(reservation.amount)} credits reserved; "
+            f"{format_credits(result.available)} available",
+            needed=reservation.amount,
+            available=result.available,
+        )
     reservation._state.adding = False
     return reservation
 
 
 def credits_reserve(
-    *, account_id: int, amount: int, model: PublicModel, api_key_id: int | None = None, request_id: str = ""
+    *,
+    account_id: int,
+    amount: int,
+    model: PublicModel,
+    api_key_id: int | None = None,
+    request_id: str = "",
+    budget: int | None = None,
 ) -> Reservation:
-    """Hold `amount` micro-credits for one request, or raise InsufficientCredits."""
+    """Hold `amount` micro-credits for one request, or raise InsufficientCredits.
+
+    With `budget` (the key's monthly cap), raises KeyBudgetExceeded when the key's spend this month
+    plus its running holds plus `amount` would pass it; decided in the same statement/transaction."""
     reservation = _new_reservation(
         account_id=account_id, amount=amount, model=model, api_key_id=api_key_id, request_id=request_id
     )
     if _single_statements():
-        return _held(reservation, ledger_sql.execute(_reserve_statement(reservation)))
-    return _held(reservation, ledger_orm.reserve(reservation))
+        return _held(reservation, ledger_sql.execute(_reserve_statement(reservation, budget)))
+    return _held(reservation, ledger_orm.reserve(reservation, budget=budget))
 
 
 async def credits_reserve_async(
-    *, account_id: int, amount: int, model: PublicModel, api_key_id: int | None = None, request_id: str = ""
+    *,
+    account_id: int,
+    amount: int,
+    model: PublicModel,
+    api_key_id: int | None = None,
+    request_id: str = "",
+    budget: int | None = None,
 ) -> Reservation:
     """credits_reserve for the event loop: on PostgreSQL one pooled statement, no thread hop."""
     reservation = _new_reservation(
         account_id=account_id, amount=amount, model=model, api_key_id=api_key_id, request_id=request_id
     )
     if _single_statements():
-        return _held(reservation, await ledger_sql.execute_async(_reserve_statement(reservation)))
-    return _held(reservation, await db_call(ledger_orm.reserve)(reservation))
+        return _held(reservation, await ledger_sql.execute_async(_reserve_statement(reservation, budget)))
+    return _held(reservation, await db_call(ledger_orm.reserve)(reservation, budget=budget))
 
 
 def _settle_statement(

@@ -32,3 +32,11 @@ def parse_credits(text: str, *, field: str = "amount", allow_negative: bool = Fa
 def format_credits(micro: int) -> str:
     """Micro-credits as a decimal string of credits with six decimals."""
     return str((Decimal(micro) / MICRO).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP))
+
+
+def display_credits(micro: int) -> str:
+    """Credits for people: thousands grouped, at least 2 and at most 6 decimals, so that a spend
+    of 0.000502 reads as such and 10 reads "10.00". The one way every page shows credits."""
+    text = f"{Decimal(format_credits(micro)):,.6f}"
+    whole, _, decimals = text.partition(".")
+    return f"{whole}.{decimals.rstrip('0').ljust(2, '0')}"

@@ -48,6 +48,7 @@ from billing.pricing import cost_of, prompt_token_bound
 from billing.services import (
     LEASE_RENEW_EVERY,
     InsufficientCredits,
+    KeyBudgetExceeded,
     reservation_release_async,
     reservation_renew_async,
     reservation_settle_async,
@@ -273,10 +274,10 @@ async def _reserve_for(call: _Call) -> None:
             amount=max(1, amount),  # a free model still holds a token micro-credit, so it settles like any other
             request_id=call.ex.request_id,
         )
-    except InsufficientCredits:
-        raise GatewayError(
-            402, "insufficient_credits", "the account's available credits do not cover this request's reservation"
-        ) from None
+    except InsufficientCredits as exc:
+        raise GatewayError(402, "insufficient_credits", f"insufficient credits: {exc}") from None
+    except KeyBudgetExceeded as exc:
+        raise GatewayError(402, "key_budget_exceeded", str(exc)) from None
     call.reservation_id = reservation.pk
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from accounts.key_cache import KeyInfo
 from accounts.models import SCOPES, Account
-from billing.selectors import usage_for_account
+from billing.selectors import key_budget_document, usage_for_account
 from core.credits import format_credits
 
 
@@ -23,6 +23,7 @@ def key_summary(*, key: KeyInfo) -> dict[str, Any]:
             "rate_limit": {"rpm": key.rpm, "tpm": key.tpm},
             "balance": format_credits(available),
             "reserved": format_credits(reserved),
+            "budget": key_budget_document(api_key_id=key.id, monthly_budget=key.monthly_budget),
         }
     }
 

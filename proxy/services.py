@@ -27,5 +27,10 @@ async def request_reserve(*, key: KeyInfo, model: PublicModel, amount: int, requ
         _background.add(task)
         task.add_done_callback(_background.discard)
     return await credits_reserve_async(
-        account_id=key.account_id, amount=amount, model=model, api_key_id=key.id, request_id=request_id
+        account_id=key.account_id,
+        amount=amount,
+        model=model,
+        api_key_id=key.id,
+        request_id=request_id,
+        budget=key.monthly_budget,
     )

@@ -61,6 +61,8 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "axes",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files: the reference works offline
     "core",
     "catalog",
     "accounts",
@@ -232,6 +234,21 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "core.errors.drf_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+# The staff API's OpenAPI document (/api/schema/) and its Swagger UI (/api/docs/), staff only.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "SpeedInfer staff API",
+    "DESCRIPTION": "Workers, models, accounts, keys and credits. A staff session or an `admin`-scope key. "
+    'Money is decimal strings of credits; errors are {"error": {"message", "type", "code", "param"}}.',
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["console.api.auth.IsStaffOrAdminKey"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SCHEMA_PATH_PREFIX": "/api/",
 }
 
 # Celery: Redis in production; in the embedded default the schedule is run by

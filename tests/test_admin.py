@@ -80,10 +80,10 @@ def test_staff_pages_render(staff, url):
 def test_account_shows_credits_read_only(staff):
     account = make_account(name="Acme", credits=12)
     listing = staff.get("/admin/accounts/account/").content.decode()
-    assert "12.000000" in listing
+    assert "12.00" in listing  # credits shown as everywhere else (core.credits.display_credits)
     page = staff.get(f"/admin/accounts/account/{account.pk}/change/")
     html = page.content.decode()
-    assert "12.000000" in html
+    assert "12.00" in html
     assert 'name="available"' not in html and 'name="reserved"' not in html
     staff.post(f"/admin/accounts/account/{account.pk}/change/", {"available": "999"})
     account.refresh_from_db()
@@ -164,6 +164,9 @@ def test_create_key_shows_the_secret_once(staff):
             "expires_at_1": "",
         },
     )
+    # Post/redirect/get: the secret is shown by the GET that follows, once.
+    assert response.status_code == 302 and response["Location"] == "/admin/accounts/apikey/created/"
+    response = staff.get(response["Location"])
     assert response.status_code == 200
     secret = response.context["secret"]
     assert secret.startswith("sk-si-") and secret in response.content.decode()
@@ -175,6 +178,9 @@ def test_create_key_shows_the_secret_once(staff):
     assert secret not in change and key.digest in change  # digest shown, read-only
     assert 'name="digest"' not in change
     assert AuditLog.objects.filter(action="key.create", target_id=str(key.pk), actor="admin").exists()
+    reload = staff.get("/admin/accounts/apikey/created/", follow=True)
+    assert secret not in reload.content.decode() and b"shown once" in reload.content
+    assert ApiKey.objects.filter(name="ops").count() == 1
 
 
 def test_key_widgets_are_checkboxes(staff):
@@ -234,7 +240,7 @@ def test_model_prices_entered_as_credits(staff):
     model = PublicModel.objects.get(model_id="acme/new")
     assert (model.input_price, model.output_price, model.max_output_tokens) == (500_000, 1_250_000, 2048)
     listing = staff.get("/admin/catalog/publicmodel/").content.decode()
-    assert "0.500000" in listing and "1.250000" in listing
+    assert "0.50" in listing and "1.25" in listing
     staff.post(
         f"/admin/catalog/publicmodel/{model.pk}/change/",
         {"input_price_credits": "0.75", "output_price_credits": "1.25", "max_output_tokens": "2048"},

@@ -112,6 +112,21 @@ def test_keys_create_list_revoke(staff):
     assert {a.action for a in AuditLog.objects.all()} == {"key.create", "key.revoke"}
 
 
+def test_key_budget_through_the_staff_api(staff):
+    account = make_account(name="Acme")
+    created = staff.post(
+        f"/api/accounts/{account.pk}/keys/", {"name": "ci", "budget": "5"}, content_type="application/json"
+    ).json()
+    assert created["budget"]["limit"] == "5.000000" and created["budget"]["spent"] == "0.000000"
+    changed = staff.post(f"/api/keys/{created['id']}/budget/", {"budget": "0.25"}, content_type="application/json")
+    assert changed.status_code == 200 and changed.json()["budget"]["limit"] == "0.250000"
+    removed = staff.post(f"/api/keys/{created['id']}/budget/", {"budget": None}, content_type="application/json")
+    assert removed.json()["budget"] is None
+    bad = staff.post(f"/api/keys/{created['id']}/budget/", {"budget": "-1"}, content_type="application/json")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "budget"
+    assert AuditLog.objects.filter(action="key.budget").count() == 2
+
+
 def test_models_list_create_update(staff):
     created = staff.post(
         "/api/models/",

@@ -22,7 +22,7 @@ from accounts.models import ApiKey
 from accounts.services import account_user_create
 from billing.models import UsageRecord
 from billing.services import credits_reserve, reservation_settle
-from core.credits import MICRO
+from core.credits import MICRO, display_credits
 from core.outcome import RequestOutcome
 from tests.factories import make_account, make_model
 from tests.servers import register_worker
@@ -106,7 +106,7 @@ def test_customer_dashboard_in_a_real_browser(gateway_server, simulator, setting
             page.click("button[type=submit]")
             page.wait_for_url(f"{base}/dashboard/")
             balance = page.text_content("#balance")
-            assert balance is not None and balance.strip() == f"{account.available / MICRO:,.2f}"
+            assert balance is not None and balance.strip() == display_credits(account.available)
             page.screenshot(path=str(SCREENSHOTS / "02-home.png"), full_page=True)
 
             page.goto(f"{base}/dashboard/usage/")
@@ -116,12 +116,18 @@ def test_customer_dashboard_in_a_real_browser(gateway_server, simulator, setting
 
             page.goto(f"{base}/dashboard/keys/")
             page.fill("#id_name", "browser-key")
+            page.fill("#id_budget", "1")  # a 1-credit monthly budget
             page.click("button.primary")
             page.wait_for_selector("#secret")
             secret = page.input_value("#secret")
             assert secret.startswith("sk-si-")
-            assert ApiKey.objects.filter(account=account, name="browser-key").exists()
+            assert ApiKey.objects.get(account=account, name="browser-key").monthly_budget == MICRO
             page.screenshot(path=str(SCREENSHOTS / "04-key-created.png"), full_page=True)
+            # Reloading the page neither shows the secret again nor creates a second key.
+            page.reload()
+            assert page.locator("#secret").count() == 0 and "shown once" in page.content()
+            assert ApiKey.objects.filter(account=account, name="browser-key").count() == 1
+            page.screenshot(path=str(SCREENSHOTS / "04b-key-created-reloaded.png"), full_page=True)
 
             page.goto(f"{base}/dashboard/usage/")
             page.wait_for_selector("#live-status:not([hidden])")  # the WebSocket is open
@@ -140,9 +146,49 @@ def test_customer_dashboard_in_a_real_browser(gateway_server, simulator, setting
             assert page.locator("#recent-rows tr").count() == before + 1
             page.screenshot(path=str(SCREENSHOTS / "05-live-row.png"), full_page=True)
 
+            # Budgets: the key's spend shows on the keys page; a budget below the next hold refuses it.
+            page.goto(f"{base}/dashboard/keys/")
+            key_row = page.locator('tr[data-key^="sk-si-"]', has_text="browser-key")
+            spent = UsageRecord.objects.get(request_id=rid).cost
+            assert display_credits(spent) in (key_row.text_content() or "")
+            key_row.locator("input[name=budget]").fill("0.0001")
+            key_row.locator(".budget-form button").click()
+            page.wait_for_selector(".messages li")
+            assert "0.0001 credits a month" in (page.text_content(".messages") or "")
+            refused = httpx.post(
+                f"{base}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {secret}"},
+                json={"model": "acme/model-1", "messages": [{"role": "user", "content": "hello again"}]},
+                timeout=30,
+            )
+            assert refused.status_code == 402 and refused.json()["error"]["code"] == "key_budget_exceeded"
+            page.screenshot(path=str(SCREENSHOTS / "05b-keys-budget.png"), full_page=True)
+            # Revoke asks first; dismissing keeps the key.
+            page.once("dialog", lambda dialog: dialog.dismiss())
+            key_row.locator("button.danger").click()
+            assert ApiKey.objects.get(account=account, name="browser-key").revoked_at is None
+
+            # The models page: prices per 1M tokens, and up (the simulator serves acme/model-1).
+            page.goto(f"{base}/dashboard/models/")
+            model_row = page.locator('tr[data-model="acme/model-1"]')
+            text = model_row.text_content() or ""
+            assert "up" in text and "1.00" in text and "2.00" in text and "64" in text
+            page.screenshot(path=str(SCREENSHOTS / "05c-models.png"), full_page=True)
+
             page.set_viewport_size({"width": 390, "height": 844})  # a phone
             page.goto(f"{base}/dashboard/")
             page.screenshot(path=str(SCREENSHOTS / "06-home-phone.png"), full_page=True)
+            page.goto(f"{base}/dashboard/keys/")
+            # The page itself does not scroll sideways; the table scrolls inside its container,
+            # and each key's status and Revoke button are on screen.
+            assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+            wrap = page.locator(".keys-table").locator("xpath=..")
+            assert wrap.evaluate("(el) => el.scrollWidth > el.clientWidth")
+            revoke = page.locator("tr", has_text="browser-key").locator("button.danger").bounding_box()
+            status = page.locator("tr", has_text="browser-key").locator(".badge").bounding_box()
+            assert revoke is not None and status is not None
+            assert revoke["x"] + revoke["width"] <= 390 and status["x"] + status["width"] <= 390
+            page.screenshot(path=str(SCREENSHOTS / "06b-keys-phone.png"), full_page=True)
 
             staff = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
             staff.goto(f"{base}/admin/")
@@ -156,5 +202,12 @@ def test_customer_dashboard_in_a_real_browser(gateway_server, simulator, setting
             staff.screenshot(path=str(SCREENSHOTS / "08-admin-grant.png"), full_page=True)
             staff.goto(f"{base}/admin/billing/usagerecord/")
             staff.screenshot(path=str(SCREENSHOTS / "09-admin-usage.png"), full_page=True)
+            # At 1280 px the cost and latency columns are on screen.
+            cost = staff.locator("th.column-cost_credits").bounding_box()
+            latency = staff.locator("th.column-latency_ms").bounding_box()
+            assert cost is not None and latency is not None and latency["x"] + latency["width"] <= 1280
+            staff.goto(f"{base}/admin/accounts/apikey/?state=active")
+            assert "browser-key" in staff.content()
+            staff.screenshot(path=str(SCREENSHOTS / "10-admin-keys.png"), full_page=True)
         finally:
             browser.close()

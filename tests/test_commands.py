@@ -76,9 +76,18 @@ def test_createapikey_prints_a_working_secret_once():
         (("--models", "nope/x"), "unknown model"),
         (("--expires", "tomorrow"), "ISO 8601"),
         (("--expires", "2001-01-01"), "future"),
+        (("--budget", "lots"), "budget: not a decimal number"),
+        (("--budget", "0"), "budget: must be a positive amount"),
     ):
         with pytest.raises(CommandError, match=message):
             run("createapikey", "acme", *args)
+
+
+def test_createapikey_budget_caps_the_key_per_month():
+    make_account(name="acme")
+    out = run("createapikey", "acme", "--name", "ci", "--budget", "5")
+    assert "budget 5.000000 credits a month" in out
+    assert ApiKey.objects.get(name="ci").monthly_budget == 5_000_000
 
 
 def test_revokeapikey_by_prefix_or_name():

@@ -157,14 +157,21 @@ def test_it_creates_a_key_and_shows_the_secret_once(owner, owner_account, model)
         "/dashboard/keys/",
         {"name": "ci", "scopes": ["chat", "models"], "allowed_models": ["acme/dash-model"], "expires": expires},
     )
+    # Post/redirect/get: the POST creates and redirects; the GET shows the secret once.
+    assert response.status_code == 302 and response["Location"] == "/dashboard/keys/created/"
+    response = owner.get(response["Location"])
     assert response.status_code == 200
-    secret = response.context["created"].secret
+    secret = response.context["created"]["secret"]
     assert secret.startswith("sk-si-") and secret in response.content.decode()
     assert response["Cache-Control"] == "no-store"
     key = ApiKey.objects.get(account=owner_account, name="ci")
     assert key.scopes == ["chat", "models"] and key.allowed_models == ["acme/dash-model"]
     assert key.expires_at is not None and key.expires_at.date().isoformat() == expires
     assert secret not in owner.get("/dashboard/keys/").content.decode()
+    # A reload neither shows the secret again nor creates a second key.
+    reload = owner.get("/dashboard/keys/created/", follow=True)
+    assert secret not in reload.content.decode() and b"shown once" in reload.content
+    assert ApiKey.objects.filter(account=owner_account).count() == 1
     assert AuditLog.objects.filter(action="key.create", target_id=str(key.pk), actor="owner@example.com").exists()
 
 
@@ -218,3 +225,65 @@ def test_static_chart_library_is_served(client):
     response = client.get("/static/vendor/chartjs/chart.umd.min.js")
     assert response.status_code == 200
     assert b"Chart.js v4" in b"".join(response.streaming_content)[:400]
+
+
+def test_key_budget_is_set_at_creation_and_changed_and_spend_shows_per_key(owner, owner_account, model):
+    response = owner.post("/dashboard/keys/", {"name": "ci", "scopes": ["chat"], "budget": "5"})
+    assert response.status_code == 302
+    key = ApiKey.objects.get(name="ci")
+    assert key.monthly_budget == 5 * MICRO
+    reservation = credits_reserve(
+        account_id=owner_account.pk, amount=MICRO, model=model, api_key_id=key.pk, budget=key.monthly_budget
+    )
+    reservation_settle(reservation_id=reservation.pk, prompt_tokens=100, completion_tokens=1)  # 0.000204
+    html = owner.get("/dashboard/keys/").content.decode()
+    assert "0.000204" in html and 'value="5.00"' in html
+    assert "data-confirm=" in html and "just now" not in html  # never used through the gateway
+    assert owner.post(f"/dashboard/keys/{key.pk}/budget/", {"budget": "0.5"}).status_code == 302
+    key.refresh_from_db()
+    assert key.monthly_budget == 500_000
+    assert AuditLog.objects.filter(action="key.budget", target_id=str(key.pk)).exists()
+    owner.post(f"/dashboard/keys/{key.pk}/budget/", {"budget": ""})
+    key.refresh_from_db()
+    assert key.monthly_budget is None
+    bad = owner.post(f"/dashboard/keys/{key.pk}/budget/", {"budget": "lots"}, follow=True)
+    assert b"Not a decimal number: &#x27;lots&#x27;" in bad.content
+
+
+def test_outsider_cannot_set_anothers_budget(outsider, owner_account):
+    key = make_key(account=owner_account).api_key
+    assert outsider.post(f"/dashboard/keys/{key.pk}/budget/", {"budget": "1"}).status_code == 404
+
+
+def test_models_page_shows_prices_per_million_and_whether_up(owner, model):
+    from workers.models import Worker
+
+    make_model(model_id="acme/idle", input_price=500_000, output_price=1_500_000, max_output_tokens=128)
+    Worker.objects.create(
+        worker_id="w-1",
+        runtime="cuda",
+        transport="openai",
+        runtime_endpoint="http://127.0.0.1:9",
+        supported_models=["acme/dash-model"],
+        healthy=True,
+        model_readiness={"acme/dash-model": True},
+    )
+    page = owner.get("/dashboard/models/")
+    rows = {m.model_id: m for m in page.context["models"]}
+    assert rows["acme/dash-model"].up and not rows["acme/idle"].up
+    html = page.content.decode()
+    assert "0.50" in html and "1.50" in html and "128" in html
+
+
+def test_home_cards_show_a_small_spend(owner, owner_account, model):
+    settle(owner_account, model, prompt=100, completion=1)  # 0.000204 credits
+    html = owner.get("/dashboard/").content.decode()
+    assert ">0.000204</span>" in html  # the spend card, no longer "0.00"
+
+
+def test_login_error_speaks_of_the_email_address(owner_account):
+    page = Client().post("/accounts/login/", {"username": "who@example.com", "password": "nope"})
+    assert (
+        b"email address and password do not match" in page.content
+        and b"username" not in page.content.lower().split(b"<form")[0]
+    )

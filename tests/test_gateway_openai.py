@@ -133,6 +133,7 @@ def test_key_shows_the_contract_shape(world):
             "rate_limit": {"rpm": 60, "tpm": 1000},
             "balance": "10.000000",
             "reserved": "0.000000",
+            "budget": None,
         }
     }
 

@@ -141,7 +141,9 @@ def test_key_limits_stay_under_the_accounts_ceilings():
     account_user_create(account=account, email="c@example.com", password=PASSWORD)
     client = Client()
     assert client.login(username="c@example.com", password=PASSWORD)
-    assert client.post("/dashboard/keys/", {"name": "dash", "scopes": ["chat"]}).status_code == 200
+    assert (
+        client.post("/dashboard/keys/", {"name": "dash", "scopes": ["chat"]}).status_code == 302
+    )  # to the key-created page (post/redirect/get)
     assert ApiKey.objects.filter(name="dash").values_list("rpm", "tpm").get() == (60, 10_000)
 
     # createapikey: above the ceiling is refused with a clear message.

@@ -7,6 +7,7 @@ page that answers the create form; only their digests are stored.
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -15,24 +16,29 @@ from django.contrib import admin, messages
 from django.contrib.admin.widgets import AdminSplitDateTime
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils.html import format_html
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
 from accounts.models import DEFAULT_SCOPES, SCOPES, Account, ApiKey, Membership
 from accounts.services import (
     account_ceilings_set,
     account_create,
+    account_user_create,
     api_key_create,
     api_key_revoke,
+    api_key_set_budget,
     api_key_update,
 )
+from billing.ledger_sql import month_start
+from billing.models import KeySpend
 from billing.services import InsufficientCredits, InvalidAmount, credits_grant
 from catalog.models import PublicModel
-from core.credits import MICRO, format_credits
+from core.credits import MICRO, AmountError, display_credits, format_credits, parse_credits
 from core.models import AuditLog
 
 
@@ -67,10 +73,29 @@ def grant_to_accounts(request: HttpRequest, accounts: list[Account], *, amount: 
             # its ledger row already names the actor and note; the audit row follows it.
             credits_grant(account=account, amount=amount, actor=request.user, note=note, via="admin")
         except (InsufficientCredits, InvalidAmount) as exc:
-            messages.error(request, f"{account.name}: {exc}")
+            messages.error(request, f"Account {account.name}: {exc}")
             continue
         granted += 1
     return granted
+
+
+class AccountAddForm(forms.ModelForm):
+    """Adding an account may also create its owner's dashboard login (email and password)."""
+
+    owner_email = forms.EmailField(required=False, label="Owner email", help_text="Optional: the dashboard login.")
+    owner_password = forms.CharField(
+        required=False, widget=forms.PasswordInput, min_length=8, label="Owner password", help_text="At least 8."
+    )
+
+    class Meta:
+        model = Account
+        fields = ("name",)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if cleaned.get("owner_email") and not cleaned.get("owner_password"):
+            self.add_error("owner_password", "Required with an owner email.")
+        return cleaned
 
 
 class MembershipInline(admin.TabularInline):
@@ -100,15 +125,20 @@ class AccountAdmin(admin.ModelAdmin):
         return (*self.readonly_fields, "name") if obj else self.readonly_fields
 
     def get_fields(self, request: HttpRequest, obj: Account | None = None) -> tuple[str, ...]:
-        return self.fields if obj else ("name",)
+        return self.fields if obj else ("name", "owner_email", "owner_password")
+
+    def get_form(self, request: HttpRequest, obj: Account | None = None, change: bool = False, **kwargs: Any) -> Any:
+        if obj is None:
+            kwargs["form"] = AccountAddForm
+        return super().get_form(request, obj, change=change, **kwargs)
 
     @admin.display(description="Balance (credits)")
     def balance(self, obj: Account) -> str:
-        return format_credits(obj.available)
+        return display_credits(obj.available)
 
     @admin.display(description="Reserved (credits)")
     def reserved_credits(self, obj: Account) -> str:
-        return format_credits(obj.reserved)
+        return display_credits(obj.reserved)
 
     @admin.display(description="Keys")
     def key_count(self, obj: Account) -> int:
@@ -133,9 +163,15 @@ class AccountAdmin(admin.ModelAdmin):
                 via="admin",
             )
             return
-        created = account_create(name=obj.name, actor=request.user, via="admin")
+        with transaction.atomic():
+            created = account_create(name=obj.name, actor=request.user, via="admin")
+            email = form.cleaned_data.get("owner_email")
+            if email:
+                account_user_create(account=created, email=email, password=form.cleaned_data["owner_password"])
         obj.pk = created.pk
         obj.created_at = created.created_at
+        if email:
+            messages.info(request, f"The owner {email} can now sign in to the dashboard at /accounts/login/.")
 
     def get_urls(self) -> list[URLPattern]:
         custom = [
@@ -168,9 +204,14 @@ class AccountAdmin(admin.ModelAdmin):
         form = GrantCreditsForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             amount, note = form.cleaned_data["amount"], form.cleaned_data["note"]
-            if grant_to_accounts(request, [account], amount=amount, note=note):
-                messages.success(request, f"Granted {format_credits(amount)} credits to {account.name}.")
-            return HttpResponseRedirect(reverse("admin:accounts_account_change", args=[account.pk]))
+            try:
+                credits_grant(account=account, amount=amount, actor=request.user, note=note, via="admin")
+            except (InsufficientCredits, InvalidAmount) as exc:
+                # The message is in credits; the form keeps what was typed, to correct it.
+                form.add_error("amount", str(exc))
+            else:
+                messages.success(request, f"Granted {display_credits(amount)} credits to {account.name}.")
+                return HttpResponseRedirect(reverse("admin:accounts_account_change", args=[account.pk]))
         return self._grant_page(request, [account], form, via_action=False)
 
     @admin.action(description="Grant credits to the selected accounts", permissions=["change"])
@@ -181,7 +222,7 @@ class AccountAdmin(admin.ModelAdmin):
             amount, note = form.cleaned_data["amount"], form.cleaned_data["note"]
             granted = grant_to_accounts(request, accounts, amount=amount, note=note)
             if granted:
-                messages.success(request, f"Granted {format_credits(amount)} credits to {granted} account(s).")
+                messages.success(request, f"Granted {display_credits(amount)} credits to {granted} account(s).")
             return None
         return self._grant_page(request, accounts, form, via_action=True)
 
@@ -205,6 +246,11 @@ class ApiKeyForm(forms.ModelForm):
         help_text="None ticked: every model.",
     )
     expires_at = forms.SplitDateTimeField(required=False, widget=AdminSplitDateTime, label="Expires at (UTC)")
+    budget = forms.CharField(
+        required=False,
+        label="Monthly budget (credits)",
+        help_text="Credits the key may spend per calendar month (UTC); empty: no cap.",
+    )
 
     class Meta:
         model = ApiKey
@@ -214,6 +260,45 @@ class ApiKeyForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         self.fields["allowed_models"].choices = _model_choices()  # type: ignore[attr-defined]
         self.fields["name"].required = False
+        if self.instance.pk and self.instance.monthly_budget is not None:
+            self.fields["budget"].initial = format_credits(self.instance.monthly_budget)
+
+    def clean_budget(self) -> int | None:
+        text = (self.cleaned_data.get("budget") or "").strip()
+        if not text:
+            return None
+        try:
+            micro = parse_credits(text, field="budget")
+        except AmountError as exc:
+            raise ValidationError(str(exc)) from None
+        if micro == 0:
+            raise ValidationError("budget: must be positive; leave it empty for no budget")
+        return micro
+
+
+class KeyStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("active", "active"), ("revoked", "revoked"), ("expired", "expired")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        from django.db.models import Q
+        from django.utils import timezone
+
+        now = timezone.now()
+        unexpired = Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+        if self.value() == "active":
+            return queryset.filter(unexpired, revoked_at__isnull=True)
+        if self.value() == "revoked":
+            return queryset.filter(revoked_at__isnull=False)
+        if self.value() == "expired":
+            return queryset.filter(revoked_at__isnull=True, expires_at__lte=now)
+        return queryset
+
+
+_ADMIN_CREATED_KEY = "admin_created_key"
 
 
 @admin.register(ApiKey)
@@ -225,30 +310,70 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "account",
         "scope_list",
         "model_list",
+        "spent_this_month",
+        "budget_display",
         "last_used_at",
         "expires_at",
         "state",
     )
     list_select_related = ("account",)
-    list_filter = ("revoked_at", "expires_at")
+    list_filter = (KeyStateFilter,)
     search_fields = ("name", "lookup_id", "account__name")
     readonly_fields = ("prefix_display", "digest", "last_used_at", "revoked_at", "created_at")
     actions = ["revoke_keys"]
     autocomplete_fields = ("account",)
 
     def get_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> tuple[str, ...]:
-        editable = ("name", "scopes", "allowed_models", "rpm", "tpm", "expires_at")
+        editable = ("name", "scopes", "allowed_models", "rpm", "tpm", "expires_at", "budget")
         if obj is None:
             return ("account", *editable)
-        return ("account", "prefix_display", *editable, "digest", "last_used_at", "revoked_at", "created_at")
+        return (
+            "account",
+            "prefix_display",
+            *editable,
+            "spent_this_month",
+            "digest",
+            "last_used_at",
+            "revoked_at",
+            "created_at",
+        )
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> tuple[str, ...]:
         if obj is None:
             return ()
         if obj.revoked_at is not None:
             # A revoked key is history: nothing on it changes.
-            return (*self.readonly_fields, "account", "name", "scopes", "allowed_models", "rpm", "tpm", "expires_at")
-        return (*self.readonly_fields, "account")
+            return (
+                *self.readonly_fields,
+                "spent_this_month",
+                "account",
+                "name",
+                "scopes",
+                "allowed_models",
+                "rpm",
+                "tpm",
+                "expires_at",
+                "budget",
+            )
+        return (*self.readonly_fields, "spent_this_month", "account")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ApiKey]:
+        # Spent this calendar month (UTC) per key, in the list's own query.
+        month = month_start(timezone.now())
+        spent = KeySpend.objects.filter(api_key=OuterRef("pk"), month=month).values("spent")[:1]
+        return super().get_queryset(request).annotate(_spent=Subquery(spent))
+
+    @admin.display(description="Spent this month (credits)")
+    def spent_this_month(self, obj: ApiKey) -> str:
+        return display_credits(getattr(obj, "_spent", None) or 0)
+
+    @admin.display(description="Monthly budget", ordering="monthly_budget")
+    def budget_display(self, obj: ApiKey) -> str:
+        return display_credits(obj.monthly_budget) if obj.monthly_budget is not None else "-"
+
+    @admin.display(description="Monthly budget (credits)")
+    def budget(self, obj: ApiKey) -> str:
+        return self.budget_display(obj)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[ApiKey], search_term: str
@@ -296,6 +421,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
                     actor=request.user,
                     via="admin",
                 )
+                if data.get("budget") != obj.monthly_budget and "budget" in data:
+                    api_key_set_budget(api_key=obj, monthly_budget=data["budget"], actor=request.user, via="admin")
                 return
             created = api_key_create(
                 account=data["account"],
@@ -305,6 +432,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
                 rpm=data["rpm"],
                 tpm=data["tpm"],
                 expires_at=data["expires_at"],
+                monthly_budget=data.get("budget"),
                 actor=request.user,
                 via="admin",
             )
@@ -316,12 +444,26 @@ class ApiKeyAdmin(admin.ModelAdmin):
         secret = getattr(request, "_created_secret", None)
         if secret is None:
             return super().response_add(request, obj, post_url_continue)
+        # Post/redirect/get, as on the dashboard: a reload of the page shows no secret and creates no key.
+        request.session[_ADMIN_CREATED_KEY] = {"key_id": obj.pk, "secret": secret}
+        return HttpResponseRedirect(reverse("admin:accounts_apikey_created"))
+
+    def get_urls(self) -> list[URLPattern]:
+        created = path("created/", self.admin_site.admin_view(self.created_view), name="accounts_apikey_created")
+        return [created, *super().get_urls()]
+
+    def created_view(self, request: HttpRequest) -> HttpResponse:
+        shown = request.session.pop(_ADMIN_CREATED_KEY, None)
+        api_key = ApiKey.objects.filter(pk=shown["key_id"]).select_related("account").first() if shown else None
+        if api_key is None or shown is None:
+            messages.info(request, "A key's secret is shown once, right after it is created, and never again.")
+            return HttpResponseRedirect(reverse("admin:accounts_apikey_changelist"))
         context = {
             **self.admin_site.each_context(request),
             "title": "API key created",
             "opts": self.model._meta,
-            "api_key": obj,
-            "secret": secret,
+            "api_key": api_key,
+            "secret": shown["secret"],
         }
         response = TemplateResponse(request, "admin/accounts/apikey/created.html", context)
         response["Cache-Control"] = "no-store"
@@ -346,11 +488,26 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 @admin.register(AuditLog)
 class AuditLogAdmin(admin.ModelAdmin):
-    list_display = ("created_at", "actor", "action", "target_repr", "detail")
+    list_display = ("created_at", "actor", "action", "target_repr", "detail_summary")
     list_filter = ("action", "target_type", ("created_at", admin.DateFieldListFilter))
     search_fields = ("actor", "target_repr", "target_id")
     date_hierarchy = "created_at"
-    readonly_fields = ("created_at", "actor", "action", "target_type", "target_id", "target_repr", "detail")
+    fields = ("created_at", "actor", "action", "target_type", "target_id", "target_repr", "detail_pretty")
+    readonly_fields = fields
+
+    @admin.display(description="Detail")
+    def detail_summary(self, obj: AuditLog) -> str:
+        """key: value pairs, whole (not raw JSON cut off)."""
+        detail = obj.detail if isinstance(obj.detail, dict) else {"detail": obj.detail}
+        return format_html_join(
+            "",
+            '<div><span style="color: var(--body-quiet-color)">{}:</span> {}</div>',
+            ((k, v if isinstance(v, str) else json.dumps(v)) for k, v in detail.items()),
+        )
+
+    @admin.display(description="Detail")
+    def detail_pretty(self, obj: AuditLog) -> str:
+        return format_html('<pre style="margin:0">{}</pre>', json.dumps(obj.detail, indent=2, sort_keys=True))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -22,7 +22,7 @@ from django.urls import URLPattern, path, reverse
 from billing.models import LedgerEntry, Reservation, UsageRecord
 from catalog.models import PublicModel
 from catalog.services import model_register
-from core.credits import MICRO, format_credits
+from core.credits import MICRO, display_credits, format_credits
 from workers.models import Worker
 
 
@@ -70,11 +70,11 @@ class PublicModelAdmin(admin.ModelAdmin):
 
     @admin.display(description="Input price (credits / 1M tokens)", ordering="input_price")
     def input_price_display(self, obj: PublicModel) -> str:
-        return format_credits(obj.input_price)
+        return display_credits(obj.input_price)
 
     @admin.display(description="Output price (credits / 1M tokens)", ordering="output_price")
     def output_price_display(self, obj: PublicModel) -> str:
-        return format_credits(obj.output_price)
+        return display_credits(obj.output_price)
 
     def has_delete_permission(self, request: HttpRequest, obj: PublicModel | None = None) -> bool:
         return False  # usage and reservations name models; disable workers instead
@@ -136,28 +136,29 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
 
     @admin.display(description="Amount (credits)", ordering="amount")
     def amount_credits(self, obj: LedgerEntry) -> str:
-        return format_credits(obj.amount)
+        return display_credits(obj.amount)
 
     @admin.display(description="Available after")
     def available_after_credits(self, obj: LedgerEntry) -> str:
-        return format_credits(obj.available_after)
+        return display_credits(obj.available_after)
 
     @admin.display(description="Reserved after")
     def reserved_after_credits(self, obj: LedgerEntry) -> str:
-        return format_credits(obj.reserved_after)
+        return display_credits(obj.reserved_after)
 
 
 @admin.register(Reservation)
 class ReservationAdmin(ReadOnlyAdmin):
-    list_display = ("id", "created_at", "account", "model_id", "amount_credits", "status", "closed_at", "request_id")
+    list_display = ("created_at", "account", "model_id", "amount_credits", "status", "closed_at", "request_id", "id")
     list_select_related = ("account",)
+    ordering = ("-created_at",)
     list_filter = ("status", ("created_at", admin.DateFieldListFilter))
     search_fields = ("request_id", "account__name")
     show_full_result_count = False
 
     @admin.display(description="Amount (credits)", ordering="amount")
     def amount_credits(self, obj: Reservation) -> str:
-        return format_credits(obj.amount)
+        return display_credits(obj.amount)
 
 
 class ModelFilter(admin.SimpleListFilter):
@@ -258,18 +259,19 @@ def usage_csv_response(queryset: QuerySet[UsageRecord], filename: str) -> Stream
 
 @admin.register(UsageRecord)
 class UsageRecordAdmin(ReadOnlyAdmin):
+    # Cost and latency first after who/what: they fit at 1280 px; the long request id goes last.
     list_display = (
         "created_at",
         "account",
         "model_id",
-        "worker_id",
         "status",
-        "prompt_tokens",
-        "completion_tokens",
         "cost_credits",
         "uncharged_credits",
         "latency_ms",
         "ttft_ms",
+        "prompt_tokens",
+        "completion_tokens",
+        "worker_id",
         "request_id",
     )
     list_select_related = ("account",)
@@ -289,7 +291,7 @@ class UsageRecordAdmin(ReadOnlyAdmin):
 
     @admin.display(description="Cost (credits)", ordering="cost")
     def cost_credits(self, obj: UsageRecord) -> str:
-        return format_credits(obj.cost)
+        return display_credits(obj.cost)
 
     @admin.display(description="Uncharged overrun (credits)", ordering="uncharged")
     def uncharged_credits(self, obj: UsageRecord) -> str:

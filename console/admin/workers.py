@@ -7,9 +7,11 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html_join
 
@@ -18,7 +20,33 @@ from workers.agent import agent_report_state
 from workers.models import Worker
 from workers.registration import registration_validate
 from workers.selectors import worker_document
-from workers.services import worker_circuit_reset, worker_register, worker_set_enabled, workers_probe
+from workers.services import (
+    worker_circuit_reset,
+    worker_delete,
+    worker_register,
+    worker_set_enabled,
+    workers_probe,
+)
+
+# Shown in the empty Add-worker textarea: the spec's direct-Triton example, ready to edit.
+EXAMPLE_REGISTRATION = json.dumps(
+    {
+        "worker_id": "triton-01",
+        "worker_type": "nvidia-gpu",
+        "runtime": "triton",
+        "runtime_endpoint": "http://triton:8000",
+        "supported_models": ["acme/model-1"],
+        "runtime_config": {
+            "model_name": "text_generation",
+            "input_name": "text_input",
+            "max_tokens_input_name": "max_tokens",
+            "output_name": "text_output",
+            "prompt_tokens_output_name": "prompt_tokens",
+            "completion_tokens_output_name": "completion_tokens",
+        },
+    },
+    indent=2,
+)
 
 
 def _registration_json(worker: Worker) -> str:
@@ -51,6 +79,12 @@ class WorkerRegistrationForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if self.instance.pk:
             self.fields["registration"].initial = _registration_json(self.instance)
+        else:
+            self.fields["registration"].widget.attrs["placeholder"] = EXAMPLE_REGISTRATION
+            self.fields["registration"].help_text += (
+                " Example (a direct Triton worker; an OpenAI-compatible one has runtime_config "
+                '{"transport": "openai"} and an endpoint ending in /v1): see the placeholder.'
+            )
         self.registered: tuple[Worker, bool] | None = None
 
     def clean(self) -> dict[str, Any]:
@@ -78,7 +112,8 @@ class WorkerRegistrationForm(forms.ModelForm):
     def save(self, commit: bool = True) -> Worker:
         # Registration is the service's job whatever `commit` says: the admin's later obj.save() is a no-op
         # rewrite of the same row.
-        worker, _ = worker_register(data=self.cleaned_data["document"], actor=self.actor, via="admin")
+        worker, created = worker_register(data=self.cleaned_data["document"], actor=self.actor, via="admin")
+        self.registered = (worker, created)
         self.instance = worker
         self.save_m2m = lambda: None  # type: ignore[method-assign]
         return worker
@@ -101,19 +136,18 @@ class WorkerRegistrationForm(forms.ModelForm):
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):
     form = WorkerRegistrationForm
+    # The probe error right after the state it explains, so it is on screen at 1280 px.
     list_display = (
         "worker_id",
-        "runtime",
-        "transport",
         "enabled",
         "healthy",
         "circuit_state",
+        "probe_error",
         "models_ready",
         "agent_report",
         "load",
         "last_probe_at",
         "last_probe_latency_ms",
-        "last_probe_error",
     )
     list_filter = ("runtime", "transport", "enabled", "healthy", "circuit_state")
     search_fields = ("worker_id",)
@@ -202,6 +236,50 @@ class WorkerAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Worker | None = None) -> Any:
         return self.readonly_fields if obj else ()
 
+    change_form_template = "admin/workers/worker/change_form.html"
+
+    @admin.display(description="probe error")
+    def probe_error(self, obj: Worker) -> str:
+        error = obj.last_probe_error or ""
+        return error if len(error) <= 80 else error[:79] + "…"
+
+    def get_urls(self) -> list[URLPattern]:
+        probe = path(
+            "<path:object_id>/probe/", self.admin_site.admin_view(self.probe_view), name="workers_worker_probe"
+        )
+        return [probe, *super().get_urls()]
+
+    def probe_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The worker page's "Probe now" button: probe this one worker and come back to its page."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        worker = get_object_or_404(Worker, pk=object_id)
+        self.probe_now(request, Worker.objects.filter(pk=worker.pk))
+        return HttpResponseRedirect(reverse("admin:workers_worker_change", args=[worker.pk]))
+
+    def response_add(self, request: HttpRequest, obj: Worker, post_url_continue: str | None = None) -> HttpResponse:
+        # Registering an existing worker_id updates that worker: say so, not "added".
+        form_created = getattr(request, "_worker_created", True)
+        if form_created:
+            return super().response_add(request, obj, post_url_continue)
+        self.message_user(request, f"The worker “{obj.worker_id}” was updated (it was already registered).")
+        return HttpResponseRedirect(reverse("admin:workers_worker_change", args=[obj.pk]))
+
+    def save_form(self, request: HttpRequest, form: Any, change: bool) -> Any:
+        worker = super().save_form(request, form, change)
+        if getattr(form, "registered", None):
+            request._worker_created = form.registered[1]  # type: ignore[attr-defined]
+        return worker
+
+    def delete_model(self, request: HttpRequest, obj: Worker) -> None:
+        worker_delete(worker=obj, actor=request.user, via="admin")  # audited, as disabling is
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
+        for worker in queryset:
+            worker_delete(worker=worker, actor=request.user, via="admin")
+
     @admin.display(description="models ready")
     def models_ready(self, obj: Worker) -> str:
         readiness = obj.model_readiness or {}
@@ -249,22 +327,23 @@ class WorkerAdmin(admin.ModelAdmin):
         for worker, result in results:
             level = messages.SUCCESS if result.healthy else messages.WARNING
             state = "healthy" if result.healthy else f"unhealthy ({result.error})"
-            self.message_user(request, f"{worker.worker_id}: {state}, {result.latency_ms} ms", level)
+            # Django's admin capitalises a message's first letter: never start with an id ("Down-03").
+            self.message_user(request, f"Worker {worker.worker_id}: {state}, {result.latency_ms} ms", level)
 
     @admin.action(description="Enable")
     def enable(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
         for worker in queryset:
             worker_set_enabled(worker=worker, enabled=True, actor=request.user, via="admin")
-        self.message_user(request, f"enabled {queryset.count()} worker(s)")
+        self.message_user(request, f"Enabled {queryset.count()} worker(s).")
 
     @admin.action(description="Disable")
     def disable(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
         for worker in queryset:
             worker_set_enabled(worker=worker, enabled=False, actor=request.user, via="admin")
-        self.message_user(request, f"disabled {queryset.count()} worker(s)")
+        self.message_user(request, f"Disabled {queryset.count()} worker(s).")
 
     @admin.action(description="Reset circuit")
     def reset_circuit(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
         for worker in queryset:
             worker_circuit_reset(worker=worker, actor=request.user, via="admin")
-        self.message_user(request, f"reset the circuit of {queryset.count()} worker(s)")
+        self.message_user(request, f"Reset the circuit of {queryset.count()} worker(s).")

@@ -17,7 +17,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.models import SCOPES, Account, ApiKey
-from accounts.services import account_create, account_user_create, api_key_create, api_key_revoke
+from accounts.services import (
+    account_create,
+    account_user_create,
+    api_key_create,
+    api_key_revoke,
+    api_key_set_budget,
+)
+from billing.selectors import key_budget_document
 from billing.services import InsufficientCredits, InvalidAmount, credits_grant
 from core.credits import AmountError, format_credits, parse_credits
 
@@ -58,6 +65,7 @@ def key_document(api_key: ApiKey) -> dict[str, Any]:
         "scopes": api_key.scopes,
         "models": api_key.allowed_models,
         "rate_limit": {"rpm": api_key.rpm, "tpm": api_key.tpm},
+        "budget": key_budget_document(api_key_id=api_key.pk, monthly_budget=api_key.monthly_budget),
         "expires_at": api_key.expires_at.isoformat() if api_key.expires_at else None,
         "revoked_at": api_key.revoked_at.isoformat() if api_key.revoked_at else None,
         "last_used_at": api_key.last_used_at.isoformat() if api_key.last_used_at else None,
@@ -144,6 +152,31 @@ class KeyIn(serializers.Serializer):
     rpm = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
     tpm = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    budget = serializers.CharField(
+        required=False, allow_null=True, default=None, help_text="credits per calendar month (UTC); null: no cap"
+    )
+
+    def validate_budget(self, value: str | None) -> int | None:
+        return _budget(value)
+
+
+def _budget(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        micro = parse_credits(value, field="budget")
+    except AmountError as exc:
+        raise serializers.ValidationError(str(exc)) from None
+    if micro == 0:
+        raise serializers.ValidationError("budget: must be positive (null removes the budget)")
+    return micro
+
+
+class KeyBudgetIn(serializers.Serializer):
+    budget = serializers.CharField(allow_null=True, help_text="credits per calendar month (UTC); null: no cap")
+
+    def validate_budget(self, value: str | None) -> int | None:
+        return _budget(value)
 
 
 class AccountKeysApi(APIView):
@@ -168,6 +201,7 @@ class AccountKeysApi(APIView):
                 rpm=v["rpm"],
                 tpm=v["tpm"],
                 expires_at=v["expires_at"],
+                monthly_budget=v["budget"],
                 actor=request.user,
                 via="api",
             )
@@ -204,4 +238,20 @@ class KeyRevokeApi(APIView):
     def post(self, request: Request, key_id: int) -> Response:
         api_key = get_object_or_404(ApiKey, pk=key_id)
         api_key_revoke(api_key=api_key, actor=request.user, via="api")
+        return Response(key_document(api_key))
+
+
+class KeyBudgetApi(APIView):
+    """POST {budget}: set the key's monthly budget in credits (null removes it); answers the key."""
+
+    def post(self, request: Request, key_id: int) -> Response:
+        api_key = get_object_or_404(ApiKey, pk=key_id)
+        data = KeyBudgetIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            api_key_set_budget(
+                api_key=api_key, monthly_budget=data.validated_data["budget"], actor=request.user, via="api"
+            )
+        except ValidationError as exc:
+            raise drf_error(exc) from None
         return Response(key_document(api_key))

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from console.api import accounts, models, workers
 
 urlpatterns: list[URLPattern | URLResolver] = [
+    # The API's own OpenAPI document and its Swagger UI (static files from drf-spectacular-sidecar).
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("workers/", workers.WorkerListApi.as_view(), name="api-workers"),
     path("workers/<str:worker_id>/", workers.WorkerDetailApi.as_view(), name="api-worker"),
     path("models/", models.ModelListApi.as_view(), name="api-models"),
@@ -18,4 +22,5 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("keys/", accounts.KeyListApi.as_view(), name="api-keys"),
     path("keys/<int:key_id>/", accounts.KeyDetailApi.as_view(), name="api-key"),
     path("keys/<int:key_id>/revoke/", accounts.KeyRevokeApi.as_view(), name="api-key-revoke"),
+    path("keys/<int:key_id>/budget/", accounts.KeyBudgetApi.as_view(), name="api-key-budget"),
 ]

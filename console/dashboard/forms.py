@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from accounts.models import DEFAULT_SCOPES
 from catalog.models import PublicModel
+from core.credits import AmountError, parse_credits
 
 # Customers never get the `admin` scope: it opens the staff API.
 CUSTOMER_SCOPES = [(scope, scope) for scope in DEFAULT_SCOPES]
@@ -75,6 +76,15 @@ class ApiKeyCreateForm(forms.Form):
         widget=forms.DateInput(attrs={"type": "date"}),
         help_text="Optional; the key stops at 00:00 UTC.",
     )
+    budget = forms.CharField(
+        required=False,
+        label="Monthly budget",
+        widget=forms.TextInput(attrs={"inputmode": "decimal", "placeholder": "e.g. 5"}),
+        help_text="Optional; credits this key may spend per calendar month (UTC). Empty: no cap.",
+    )
+
+    def clean_budget(self) -> int | None:
+        return clean_budget_text(self.cleaned_data.get("budget") or "")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -88,3 +98,25 @@ class ApiKeyCreateForm(forms.Form):
         if day <= timezone.localdate():
             raise forms.ValidationError("Choose a date after today.")
         return datetime.combine(day, time.min, tzinfo=timezone.get_current_timezone())
+
+
+def clean_budget_text(text: str) -> int | None:
+    """A budget typed in credits to micro-credits; empty means no budget."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        micro = parse_credits(text, field="budget")
+    except AmountError as exc:
+        reason = str(exc).removeprefix("budget: ")
+        raise forms.ValidationError(reason[:1].upper() + reason[1:]) from None
+    if micro == 0:
+        raise forms.ValidationError("Leave it empty for no budget, or give a positive amount of credits.")
+    return micro
+
+
+class KeyBudgetForm(forms.Form):
+    budget = forms.CharField(required=False, max_length=30)
+
+    def clean_budget(self) -> int | None:
+        return clean_budget_text(self.cleaned_data.get("budget") or "")

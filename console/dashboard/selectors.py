@@ -19,6 +19,9 @@ from django.utils import timezone
 
 from accounts.models import Account, ApiKey, Membership
 from billing.models import UsageRecord
+from billing.selectors import key_spend_this_month
+from catalog.models import PublicModel
+from workers.selectors import workers_enabled
 
 
 @dataclass(frozen=True)
@@ -120,3 +123,55 @@ def usage_records_iter(*, account: Account, start: date, end: date) -> Iterator[
 
 def api_keys_owned(*, account: Account) -> QuerySet[ApiKey]:
     return ApiKey.objects.filter(account=account).order_by(F("revoked_at").asc(nulls_first=True), "-created_at")
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    """A key as the keys page lists it, with its money this month (micro-credits)."""
+
+    key: ApiKey
+    state: str  # "active", "revoked" or "expired"
+    spent: int
+    held: int
+
+
+def api_keys_with_spend(*, account: Account) -> list[KeyRow]:
+    """The account's keys, newest first, each with what it spent and holds this month (two queries)."""
+    keys = list(api_keys_owned(account=account))
+    month = key_spend_this_month(api_key_ids=[k.pk for k in keys])
+    now = timezone.now()
+    rows = []
+    for key in keys:
+        state = "revoked" if key.revoked_at else "expired" if key.expires_at and key.expires_at <= now else "active"
+        spend = month.get(key.pk)
+        rows.append(
+            KeyRow(key=key, state=state, spent=spend.spent if spend else 0, held=spend.reserved if spend else 0)
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    model_id: str
+    input_price: int  # micro-credits per 1M tokens
+    output_price: int
+    max_output_tokens: int
+    up: bool
+
+
+def models_for_customers() -> list[ModelRow]:
+    """Enabled public models with prices and whether some healthy worker has them ready (two queries)."""
+    ready: set[str] = set()
+    for worker in workers_enabled().filter(healthy=True).only("supported_models", "model_readiness"):
+        readiness = worker.model_readiness or {}
+        ready.update(m for m in worker.supported_models if readiness.get(m))
+    return [
+        ModelRow(
+            model_id=m.model_id,
+            input_price=m.input_price,
+            output_price=m.output_price,
+            max_output_tokens=m.max_output_tokens,
+            up=m.model_id in ready,
+        )
+        for m in PublicModel.objects.filter(enabled=True).order_by("model_id")
+    ]

@@ -11,5 +11,8 @@ urlpatterns = [
     path("usage/", views.usage, name="usage"),
     path("usage.csv", views.usage_csv, name="usage_csv"),
     path("keys/", views.keys, name="keys"),
+    path("keys/created/", views.key_created, name="key_created"),
     path("keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
+    path("keys/<int:key_id>/budget/", views.key_budget, name="key_budget"),
+    path("models/", views.models, name="models"),
 ]

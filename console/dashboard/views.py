@@ -15,17 +15,18 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import Account, ApiKey
-from accounts.services import api_key_create, api_key_revoke
-from console.dashboard.forms import ApiKeyCreateForm, UsageRangeForm
+from accounts.services import api_key_create, api_key_revoke, api_key_set_budget
+from console.dashboard.forms import ApiKeyCreateForm, KeyBudgetForm, UsageRangeForm
 from console.dashboard.selectors import (
     account_for_user,
-    api_keys_owned,
+    api_keys_with_spend,
     dashboard_summary,
+    models_for_customers,
     usage_by_day_and_model,
     usage_records,
     usage_records_iter,
 )
-from core.credits import format_credits
+from core.credits import display_credits, format_credits
 
 RECENT_ROWS = 50
 
@@ -165,6 +166,7 @@ def keys(request: HttpRequest) -> HttpResponse:
                 scopes=form.cleaned_data["scopes"],
                 allowed_models=form.cleaned_data["allowed_models"],
                 expires_at=form.cleaned_data["expires"],
+                monthly_budget=form.cleaned_data["budget"],
                 actor=request.user,
                 via="dashboard",
             )
@@ -172,13 +174,62 @@ def keys(request: HttpRequest) -> HttpResponse:
             for message in exc.messages:
                 form.add_error(None, message)
         else:
-            # The secret is in this one response only: no redirect, never stored.
-            response = render(request, "dashboard/key_created.html", {"account": account, "created": created})
-            response["Cache-Control"] = "no-store"
-            return response
+            # Post/redirect/get: the secret waits in this user's server-side session for the one GET
+            # that shows it and pops it, so a reload neither creates a second key nor shows it again.
+            request.session[_CREATED_SESSION_KEY] = {"key_id": created.api_key.pk, "secret": created.secret}
+            return HttpResponseRedirect(reverse("dashboard:key_created"))
     status = 400 if request.method == "POST" else 200
-    context = {"account": account, "form": form, "keys": api_keys_owned(account=account)}
+    context = {"account": account, "form": form, "keys": api_keys_with_spend(account=account)}
     return render(request, "dashboard/keys.html", context, status=status)
+
+
+_CREATED_SESSION_KEY = "dashboard_created_key"
+
+
+@require_GET
+@login_required
+def key_created(request: HttpRequest) -> HttpResponse:
+    account = _account(request)
+    if isinstance(account, HttpResponse):
+        return account
+    shown = request.session.pop(_CREATED_SESSION_KEY, None)
+    api_key = ApiKey.objects.filter(pk=shown["key_id"], account=account).first() if shown else None
+    if api_key is None:
+        messages.info(
+            request, "That key's secret was shown once and is not shown again. Create a new key if you lost it."
+        )
+        return HttpResponseRedirect(reverse("dashboard:keys"))
+    context = {"account": account, "created": {"api_key": api_key, "secret": shown["secret"]}}
+    response = render(request, "dashboard/key_created.html", context)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_POST
+@login_required
+def key_budget(request: HttpRequest, key_id: int) -> HttpResponse:
+    account = _account(request)
+    if isinstance(account, HttpResponse):
+        return account
+    api_key = get_object_or_404(ApiKey, pk=key_id, account=account)
+    form = KeyBudgetForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"{api_key.name}: {form.errors['budget'][0]}")
+    else:
+        budget = form.cleaned_data["budget"]
+        api_key_set_budget(api_key=api_key, monthly_budget=budget, actor=request.user, via="dashboard")
+        what = f"a budget of {display_credits(budget)} credits a month" if budget else "no budget"
+        messages.success(request, f"{api_key.name} now has {what}.")
+    return HttpResponseRedirect(reverse("dashboard:keys"))
+
+
+@require_GET
+@login_required
+def models(request: HttpRequest) -> HttpResponse:
+    account = _account(request)
+    if isinstance(account, HttpResponse):
+        return account
+    return render(request, "dashboard/models.html", {"account": account, "models": models_for_customers()})
 
 
 @require_POST

@@ -15,6 +15,9 @@
     }));
   }
 
+  // Axis numbers as people write them: "0.000035", "1,200", never "3.500000E-5".
+  const readable = new Intl.NumberFormat("en-US", { maximumFractionDigits: 6 });
+
   function draw(id, series, label) {
     const canvas = document.getElementById(id);
     if (!canvas) return;
@@ -26,10 +29,18 @@
         maintainAspectRatio: false,
         animation: false,
         interaction: { mode: "index", intersect: false },
-        plugins: { legend: { position: "bottom" } },
+        plugins: {
+          legend: { position: "bottom" },
+          tooltip: { callbacks: { label: (ctx) => `${ctx.dataset.label}: ${readable.format(ctx.parsed.y)} ${label}` } },
+        },
         scales: {
           x: { stacked: true, grid: { display: false } },
-          y: { stacked: true, beginAtZero: true, title: { display: true, text: label } },
+          y: {
+            stacked: true,
+            beginAtZero: true,
+            title: { display: true, text: label },
+            ticks: { callback: (value) => readable.format(value) },
+          },
         },
       },
     });

@@ -10,6 +10,7 @@ from django.utils import timezone
 from accounts.selectors import account_resolve
 from accounts.services import api_key_create
 from core.commands import SpeedInferCommand
+from core.credits import AmountError, format_credits, parse_credits
 
 
 def _csv(value: str | None) -> list[str] | None:
@@ -32,6 +33,7 @@ class Command(SpeedInferCommand):
         parser.add_argument("--rpm", type=int, help="requests per minute")
         parser.add_argument("--tpm", type=int, help="tokens per minute")
         parser.add_argument("--expires", help="ISO 8601 date or datetime (UTC unless it has an offset)")
+        parser.add_argument("--budget", help="credits the key may spend per calendar month (UTC)")
 
     def run(self, *args: Any, **options: Any) -> None:
         account = account_resolve(ref=options["account"])
@@ -45,6 +47,12 @@ class Command(SpeedInferCommand):
                 raise CommandError(f"expires: not an ISO 8601 date: {options['expires']!r}") from None
             if timezone.is_naive(expires_at):
                 expires_at = timezone.make_aware(expires_at, UTC)
+        budget = None
+        if options["budget"] is not None:
+            try:
+                budget = parse_credits(options["budget"], field="budget")
+            except AmountError as exc:
+                raise CommandError(str(exc)) from None
         created = api_key_create(
             account=account,
             name=options["name"],
@@ -53,11 +61,13 @@ class Command(SpeedInferCommand):
             rpm=options["rpm"],
             tpm=options["tpm"],
             expires_at=expires_at,
+            monthly_budget=budget,
             actor="manage.py createapikey",
             via="command",
         )
         key = created.api_key
         self.stdout.write(
             f"Created key {key.name!r} ({key.prefix}) for {account.name!r}, scopes {','.join(key.scopes)}"
+            + (f", budget {format_credits(budget)} credits a month" if budget is not None else "")
         )
         self.stdout.write(created.secret)
