@@ -41,7 +41,7 @@ test: install-dev triton chromium ## the whole suite against PostgreSQL and Redi
 	$(VENV)/bin/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 	@# The money path again on the embedded default's SQLite (the ORM path; PostgreSQL runs single statements).
 	env -u DATABASE_URL -u REDIS_URL SPEEDINFER_VAR_DIR=$$(mktemp -d) SECRET_KEY=test-secret-key DEBUG=0 ALLOWED_HOSTS='*' \
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_credits.py tests/test_key_budget.py tests/test_api_keys.py tests/test_commands.py
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_credits.py tests/test_key_budget.py tests/test_ledger_sqlite.py tests/test_api_keys.py tests/test_commands.py
 
 triton: $(TRITON_VENV)/.installed ## the real Triton server the tests start (cached venv)
 

@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.models import IdempotencyKey
-from core.db import db_call
+from core.db import db_write_call
 
 # How long an answer is replayed; an older key is claimed afresh.
 KEEP = timedelta(hours=24)
@@ -79,6 +79,6 @@ def idempotency_purge(*, older_than: timedelta = KEEP) -> int:
     return deleted
 
 
-idempotency_claim_async = db_call(idempotency_claim)
-idempotency_complete_async = db_call(idempotency_complete)
-idempotency_forget_async = db_call(idempotency_forget)
+idempotency_claim_async = db_write_call(idempotency_claim)
+idempotency_complete_async = db_write_call(idempotency_complete)
+idempotency_forget_async = db_write_call(idempotency_forget)

@@ -16,6 +16,8 @@ core.outages.DatabaseUnavailable (the gateway's 503 service_unavailable).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import functools
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
@@ -29,7 +31,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def db_call(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
+def _guarded(func: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(func)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
@@ -40,4 +42,29 @@ def db_call(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
             # and connects afresh: the service comes back by itself when the database does.
             raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
 
-    return sync_to_async(run, thread_sensitive=False)
+    return run
+
+
+def db_call(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
+    return sync_to_async(_guarded(func), thread_sensitive=False)
+
+
+# SQLite takes one writer at a time: writers on many threads (and so many connections) only wait for
+# its lock inside the busy handler, which sleeps 1, 2, 5 ... up to 100 ms between tries. One writer
+# thread per process, holding one connection, turns that into a plain first-come queue (make bench:
+# see README, Performance). PostgreSQL writes concurrently, so there writes use the shared pool.
+_sqlite_writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
+
+
+def db_write_call(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """db_call for a write: on SQLite, run on the process's one writer thread."""
+    run = _guarded(func)
+
+    @functools.wraps(func)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        if connection.vendor != "sqlite":
+            return await sync_to_async(run, thread_sensitive=False)(*args, **kwargs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_sqlite_writer, functools.partial(run, *args, **kwargs))
+
+    return call

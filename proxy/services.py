@@ -10,9 +10,9 @@ from accounts.services import api_key_touch
 from billing.models import Reservation
 from billing.services import credits_reserve_async
 from catalog.models import PublicModel
-from core.db import db_call
+from core.db import db_write_call
 
-_touch = db_call(api_key_touch)
+_touch = db_write_call(api_key_touch)
 _background: set[asyncio.Task[None]] = set()  # strong refs until done (the loop keeps only weak ones)
 
 

@@ -127,6 +127,9 @@ SPEEDINFER_REDIS_TIMEOUT = env_float("SPEEDINFER_REDIS_TIMEOUT", 1.0, minimum=0.
 SPEEDINFER_REDIS_OUTAGE = env_choice("SPEEDINFER_REDIS_OUTAGE", "local", choices=("local", "fail"))
 
 
+SPEEDINFER_SQLITE_SYNCHRONOUS = env_choice("SPEEDINFER_SQLITE_SYNCHRONOUS", "NORMAL", choices=("NORMAL", "FULL"))
+
+
 def _databases() -> dict[str, Any]:
     if DATABASE_URL:
         try:
@@ -142,8 +145,17 @@ def _databases() -> dict[str, Any]:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": VAR_DIR / "speedinfer.sqlite3",
-            # WAL lets the probe scheduler write while the gateway reads.
-            "OPTIONS": {"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE", "timeout": 20},
+            # Kept open: with Django's default (0) every gateway database call (core.db's check before
+            # each) opened a new connection, PRAGMAs and function registration included (~2 ms each).
+            "CONN_MAX_AGE": None,
+            # WAL lets the probe scheduler write while the gateway reads. synchronous=NORMAL (SQLite's advice
+            # for WAL) syncs at checkpoints, not at every commit: a crash of the process loses nothing, a
+            # power cut can lose the last commits before it (README, Performance). FULL syncs every commit.
+            "OPTIONS": {
+                "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={SPEEDINFER_SQLITE_SYNCHRONOUS};",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            },
             # A file, not shared-cache memory: the latter ignores the busy timeout across threads.
             "TEST": {"NAME": str(VAR_DIR / "test.sqlite3")},
         }
