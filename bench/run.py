@@ -511,9 +511,11 @@ def _closed_loop(target: Target, *, concurrency: int, seconds: float) -> tuple[l
                 while time.perf_counter() < deadline:
                     t0 = time.perf_counter()
                     async with session.post(url, json=payload) as resp:
-                        await resp.read()
+                        answer = await resp.read()
                         if resp.status != 200:
                             errors += 1
+                            if errors == 1:
+                                print(f"   first error: {resp.status} {answer[:200]!r}", flush=True)
                     latencies.append((time.perf_counter() - t0) * 1000)
 
             await asyncio.gather(*(client() for _ in range(concurrency)))

@@ -1,11 +1,12 @@
 """Writes that move money: grant, reserve, settle, release, expire. The one interface to the ledger.
 
-Two engines sit behind it with the same invariants, chosen by the database: on PostgreSQL the
+The engines behind it keep the same invariants and are chosen by the database: on PostgreSQL the
 gateway's reserve, settle and release are one statement each (billing.ledger_sql, on the event
-loop's pool for the async variants); elsewhere (the embedded SQLite) they are the ORM transactions
-of billing.ledger_orm, on a thread for the async variants. Grants and the sweeper's expiry are
-ORM transactions on both. The arithmetic (cost, bounds) is billing.pricing's; ledger_sql mirrors
-cost_of in SQL so a settle stays one statement.
+loop's pool for the async variants); on the embedded SQLite the sync callers use the ORM
+transactions of billing.ledger_orm and the event loop the plain-statement transactions of
+billing.ledger_sqlite on the process's own connection (the ORM on a thread cost ~10 ms a request).
+Grants and the sweeper's expiry are ORM transactions everywhere. The arithmetic (cost, bounds) is
+billing.pricing's; ledger_sql mirrors cost_of in SQL so a settle stays one statement.
 """
 
 from __future__ import annotations
