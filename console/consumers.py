@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console import live
-from console.dashboard.selectors import account_for_user
+from console.dashboard.selectors import account_for_user, summary_event
 from console.live import usage_group
+
+SUMMARY_INTERVAL = 1.0  # seconds between the overview cards' updates on one socket
 
 
 class UsageConsumer(AsyncJsonWebsocketConsumer):
@@ -17,6 +21,8 @@ class UsageConsumer(AsyncJsonWebsocketConsumer):
 
     group: str | None = None
     account_id: int | None = None
+    _summary_at = float("-inf")
+    _trailing: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -35,6 +41,8 @@ class UsageConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self._trailing is not None:
+            self._trailing.cancel()
         if self.account_id is not None:
             await live.unwatch(self.account_id)
             self.account_id = None
@@ -43,4 +51,22 @@ class UsageConsumer(AsyncJsonWebsocketConsumer):
         """Clients have nothing to say; ignore whatever they send."""
 
     async def usage_record(self, event: dict[str, Any]) -> None:
-        await self.send_json({"type": "usage", "usage": event["usage"]})
+        message: dict[str, Any] = {"type": "usage", "usage": event["usage"]}
+        # The overview cards follow too, at most once a second per socket: a burst of requests costs
+        # one summary query a second, and a trailing one brings the cards to the burst's end.
+        wait = SUMMARY_INTERVAL - (time.monotonic() - self._summary_at)
+        if wait <= 0:
+            message["summary"] = await self._summary()
+        elif self._trailing is None or self._trailing.done():
+            self._trailing = asyncio.create_task(self._send_summary_after(wait))
+        await self.send_json(message)
+
+    async def _summary(self) -> dict[str, Any]:
+        self._summary_at = time.monotonic()
+        assert self.account_id is not None
+        return await database_sync_to_async(summary_event)(account_id=self.account_id)
+
+    async def _send_summary_after(self, wait: float) -> None:
+        await asyncio.sleep(wait)
+        if self.account_id is not None:
+            await self.send_json({"type": "summary", "summary": await self._summary()})

@@ -146,10 +146,26 @@ def test_customer_dashboard_in_a_real_browser(gateway_server, simulator, setting
             assert page.locator("#recent-rows tr").count() == before + 1
             page.screenshot(path=str(SCREENSHOTS / "05-live-row.png"), full_page=True)
 
+            # The overview cards are live too: today's count moves without a reload.
+            page.goto(f"{base}/dashboard/")
+            page.wait_for_selector("#live-status:not([hidden])")
+            today = int((page.text_content("#requests-today") or "0").strip())
+            response = httpx.post(
+                f"{base}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {secret}"},
+                json={"model": "acme/model-1", "messages": [{"role": "user", "content": "and again"}]},
+                timeout=30,
+            )
+            assert response.status_code == 200, response.text
+            page.wait_for_function(
+                f"() => document.getElementById('requests-today').textContent.trim() === '{today + 1}'",
+                timeout=10_000,
+            )
+
             # Budgets: the key's spend shows on the keys page; a budget below the next hold refuses it.
             page.goto(f"{base}/dashboard/keys/")
             key_row = page.locator('tr[data-key^="sk-si-"]', has_text="browser-key")
-            spent = UsageRecord.objects.get(request_id=rid).cost
+            spent = sum(UsageRecord.objects.filter(api_key__name="browser-key").values_list("cost", flat=True))
             assert display_credits(spent) in (key_row.text_content() or "")
             key_row.locator("input[name=budget]").fill("0.0001")
             key_row.locator(".budget-form button").click()

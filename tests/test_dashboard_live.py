@@ -14,7 +14,7 @@ from django.test import Client
 from accounts.services import account_user_create
 from billing.services import credits_reserve, reservation_settle, usage_listeners
 from console.live import usage_push
-from core.credits import MICRO
+from core.credits import MICRO, display_credits, format_credits
 from core.outcome import RequestOutcome
 from speedinfer.asgi import application
 from tests.factories import make_account, make_model
@@ -46,7 +46,7 @@ async def receive_for(communicator: WebsocketCommunicator, request_id: str, with
             message = await communicator.receive_json_from(timeout=left)
         except TimeoutError:
             return None
-        if message["usage"]["request_id"] == request_id:
+        if message.get("usage", {}).get("request_id") == request_id:
             return message
     return None
 
@@ -89,6 +89,17 @@ def test_owner_sees_new_usage_live_and_outsider_does_not(layer):
         assert usage["model"] == "acme/live" and usage["cost"] == "0.000200" and usage["status"] == "ok"
         assert usage["prompt_tokens"] == 100 and usage["latency_ms"] == 77
         assert "api_key" not in usage and "worker" not in usage
+        # The overview cards follow: the first event carries them, as the page would show them.
+        cards = message["summary"]
+        assert cards["available_exact"] == format_credits(10 * MICRO - 200) and cards["requests_today"] == 1
+        assert cards["spend_month"] == display_credits(200) and cards["reserved_exact"] == "0.000000"
+        # A second request within the second: its row at once, the cards in one trailing update.
+        second = f"{request_id}-2"
+        await database_sync_to_async(settle)(owner_account.pk, model, second)
+        assert "summary" not in (await receive_for(owner, second, within=5) or {"summary": "missing row"})
+        trailing = await owner.receive_json_from(timeout=3)
+        assert trailing["type"] == "summary" and trailing["summary"]["requests_today"] == 2
+        assert trailing["summary"]["spend_month_exact"] == format_credits(400)
         assert await outsider.receive_nothing(timeout=0.5)
         await owner.disconnect()
         await outsider.disconnect()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Count, F, QuerySet, Sum
@@ -21,6 +22,7 @@ from accounts.models import Account, ApiKey, Membership
 from billing.models import UsageRecord
 from billing.selectors import key_spend_this_month
 from catalog.models import PublicModel
+from core.credits import display_credits, format_credits
 from workers.selectors import workers_enabled
 
 
@@ -175,3 +177,18 @@ def models_for_customers() -> list[ModelRow]:
         )
         for m in PublicModel.objects.filter(enabled=True).order_by("model_id")
     ]
+
+
+def summary_event(*, account_id: int) -> dict[str, Any]:
+    """The overview cards as the live feed sends them: the same figures and formatting as the page."""
+    summary = dashboard_summary(account=Account.objects.get(pk=account_id))
+    return {
+        "available": display_credits(summary.available),
+        "available_exact": format_credits(summary.available),
+        "reserved": display_credits(summary.reserved),
+        "reserved_exact": format_credits(summary.reserved),
+        "spend_month": display_credits(summary.spend_month),
+        "spend_month_exact": format_credits(summary.spend_month),
+        "requests_today": summary.requests_today,
+        "tokens_today": summary.tokens_today,
+    }

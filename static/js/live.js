@@ -1,5 +1,7 @@
 // Live feed: new usage records arrive over a WebSocket and are prepended to the
-// "Recent requests" table. Without JavaScript the page is simply not live.
+// "Recent requests" table, and the overview cards follow (the server sends their
+// figures, formatted as the page formats them, at most once a second). Without
+// JavaScript the page is simply not live.
 (function () {
   const body = document.getElementById("recent-rows");
   if (!body || !("WebSocket" in window)) return;
@@ -42,6 +44,21 @@
     if (empty) empty.hidden = true;
   }
 
+  function setCard(id, text, exact) {
+    const el = document.getElementById(id);
+    if (!el) return;
+    el.textContent = text;
+    if (exact) el.title = exact + " credits";
+  }
+
+  function updateCards(s) {
+    setCard("balance", s.available, s.available_exact);
+    setCard("reserved", s.reserved, s.reserved_exact);
+    setCard("spend-month", s.spend_month, s.spend_month_exact);
+    setCard("requests-today", String(s.requests_today));
+    setCard("tokens-today", String(s.tokens_today));
+  }
+
   function connect() {
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
     const socket = new WebSocket(scheme + location.host + "/ws/usage/");
@@ -49,6 +66,7 @@
     socket.onmessage = (event) => {
       const message = JSON.parse(event.data);
       if (message.type === "usage") addRow(message.usage);
+      if (message.summary) updateCards(message.summary);
     };
     socket.onclose = () => {
       if (status) status.hidden = true;
