@@ -177,11 +177,8 @@ class Simulator:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=True)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._complete(request, chat=False)
-
-    async def embeddings(self, request: web.Request) -> web.Response:
-        """Deterministic vectors (from each input's hash) and usage: whitespace-separated words."""
+    async def _accepted(self, request: web.Request) -> dict[str, Any] | web.Response:
+        """The request's JSON object, recorded in the stats; or the refusal to answer with."""
         denied = self._denied(request)
         if denied is not None:
             return denied
@@ -194,6 +191,16 @@ class Simulator:
         self.stats.requests.append(
             {"path": request.path, "authorization": request.headers.get("Authorization", ""), "body": body}
         )
+        return body
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, chat=False)
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        """Deterministic vectors (from each input's hash) and usage: whitespace-separated words."""
+        body = await self._accepted(request)
+        if isinstance(body, web.Response):
+            return body
         value = body.get("input")
         texts = [value] if isinstance(value, str) else value
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
@@ -243,18 +250,9 @@ class Simulator:
             self.stats.running -= 1
 
     async def _answer_running(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        denied = self._denied(request)
-        if denied is not None:
-            return denied
-        try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
-            return _error(400, "body is not JSON")
-        if not isinstance(body, dict):
-            return _error(400, "body must be an object")
-        self.stats.requests.append(
-            {"path": request.path, "authorization": request.headers.get("Authorization", ""), "body": body}
-        )
+        body = await self._accepted(request)
+        if isinstance(body, web.Response):
+            return body
         texts = _texts(body)
         how = _behaviour(self.behaviour, texts)
         if how.hang:

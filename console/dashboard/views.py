@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterator
-from typing import Any
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -31,19 +32,27 @@ from core.credits import display_credits, format_credits
 RECENT_ROWS = 50
 
 
-def _account(request: HttpRequest) -> Account | HttpResponse:
-    account = account_for_user(user=request.user)
-    if account is None:
-        return render(request, "dashboard/no_account.html", status=403)
-    return account
+R = TypeVar("R", bound=HttpResponse | StreamingHttpResponse)
+
+
+def customer_view(view: Callable[..., R]) -> Callable[..., R | HttpResponse]:
+    """Sign-in required, then the signed-in customer's own account as the view's second argument; a
+    user with no account (staff, say) gets the 403 "no account" page. Every dashboard view is one."""
+
+    @login_required
+    @functools.wraps(view)
+    def with_account(request: HttpRequest, *args: Any, **kwargs: Any) -> R | HttpResponse:
+        account = account_for_user(user=request.user)
+        if account is None:
+            return render(request, "dashboard/no_account.html", status=403)
+        return view(request, account, *args, **kwargs)
+
+    return with_account
 
 
 @require_GET
-@login_required
-def home(request: HttpRequest) -> HttpResponse:
-    account = _account(request)
-    if isinstance(account, HttpResponse):
-        return account
+@customer_view
+def home(request: HttpRequest, account: Account) -> HttpResponse:
     summary = dashboard_summary(account=account)
     recent = list(usage_records(account=account)[:10])
     return render(request, "dashboard/home.html", {"account": account, "summary": summary, "recent": recent})
@@ -68,11 +77,8 @@ def _chart_data(rows: list[Any], start: Any, end: Any) -> dict[str, Any]:
 
 
 @require_GET
-@login_required
-def usage(request: HttpRequest) -> HttpResponse:
-    account = _account(request)
-    if isinstance(account, HttpResponse):
-        return account
+@customer_view
+def usage(request: HttpRequest, account: Account) -> HttpResponse:
     form = UsageRangeForm(request.GET or None)
     start, end = form.range()
     rows = usage_by_day_and_model(account=account, start=start, end=end)
@@ -139,11 +145,8 @@ def usage_csv_rows(records: Iterator[Any]) -> Iterator[list[Any]]:
 
 
 @require_GET
-@login_required
-def usage_csv(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
-    account = _account(request)
-    if isinstance(account, HttpResponse):
-        return account
+@customer_view
+def usage_csv(request: HttpRequest, account: Account) -> HttpResponse | StreamingHttpResponse:
     start, end = UsageRangeForm(request.GET or None).range()
     writer = csv.writer(_Echo())
     body = (writer.writerow(row) for row in usage_csv_rows(usage_records_iter(account=account, start=start, end=end)))
@@ -152,11 +155,8 @@ def usage_csv(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     return response
 
 
-@login_required
-def keys(request: HttpRequest) -> HttpResponse:
-    account = _account(request)
-    if isinstance(account, HttpResponse):
-        return account
+@customer_view
+def keys(request: HttpRequest, account: Account) -> HttpResponse:
     form = ApiKeyCreateForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -187,11 +187,8 @@ _CREATED_SESSION_KEY = "dashboard_created_key"
 
 
 @require_GET
-@login_required
-def key_created(request: HttpRequest) -> HttpResponse:
-    account = _account(request)
-    if isinstance(account, HttpResponse):
-        return account
+@customer_view
+def key_created(request: HttpRequest, account: Account) -> HttpResponse:
     shown = request.session.pop(_CREATED_SESSION_KEY, None)
     api_key = ApiKey.objects.filter(pk=shown["key_id"], account=account).first() if shown else None
     if api_key is None:
@@ -206,11 +203,8 @@ def key_created(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@login_required
-def key_budget(request: HttpRequest, key_id: int) -> HttpResponse:
-    account = _account(request)
-    if isinstance(account, HttpResponse):
-        return account
+@customer_view
+def key_budget(request: HttpRequest, account: Account, key_id: int) -> HttpResponse:
     api_key = get_object_or_404(ApiKey, pk=key_id, account=account)
     form = KeyBudgetForm(request.POST)
     if not form.is_valid():
@@ -224,20 +218,14 @@ def key_budget(request: HttpRequest, key_id: int) -> HttpResponse:
 
 
 @require_GET
-@login_required
-def models(request: HttpRequest) -> HttpResponse:
-    account = _account(request)
-    if isinstance(account, HttpResponse):
-        return account
+@customer_view
+def models(request: HttpRequest, account: Account) -> HttpResponse:
     return render(request, "dashboard/models.html", {"account": account, "models": models_for_customers()})
 
 
 @require_POST
-@login_required
-def key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
-    account = _account(request)
-    if isinstance(account, HttpResponse):
-        return account
+@customer_view
+def key_revoke(request: HttpRequest, account: Account, key_id: int) -> HttpResponse:
     api_key = get_object_or_404(ApiKey, pk=key_id, account=account)
     if api_key.revoked_at is None:
         api_key_revoke(api_key=api_key, actor=request.user, via="dashboard")
