@@ -7,6 +7,7 @@ from typing import Any
 
 from accounts.models import Account
 from accounts.services import CreatedKey, account_create, api_key_create
+from billing.selectors import ledger_totals
 from billing.services import credits_grant
 from catalog.models import PublicModel
 from catalog.services import model_register
@@ -32,3 +33,11 @@ def make_model(
 
 def make_key(*, account: Account, **kwargs: Any) -> CreatedKey:
     return api_key_create(account=account, **kwargs)
+
+
+def money(account: Account) -> tuple[int, int]:
+    """The account's (available, reserved) as stored now, after checking that the ledger reconciles with them."""
+    fresh = Account.objects.get(pk=account.pk)
+    totals = ledger_totals(account=fresh)
+    assert (totals.available, totals.reserved) == (fresh.available, fresh.reserved)
+    return fresh.available, fresh.reserved

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 
@@ -145,3 +147,19 @@ def fresh_gateway() -> Iterator[None]:
     yield
     catalog.forget()
     routing.invalidate()
+
+
+def stream_events(base_url: str, path: str, secret: str, payload: dict[str, Any]) -> list[tuple[float, bytes]]:
+    """(seconds since the request, data payload) of every SSE event of a streamed /v1 answer, read with a
+    plain HTTP client as it arrives."""
+    events = []
+    started = time.perf_counter()
+    with httpx.stream(
+        "POST", base_url + path, json=payload, headers={"Authorization": f"Bearer {secret}"}, timeout=10
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append((time.perf_counter() - started, line[6:].encode()))
+    return events

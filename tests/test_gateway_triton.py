@@ -7,9 +7,8 @@ from typing import Any
 import openai
 import pytest
 
-from accounts.models import Account
 from billing.models import Reservation, UsageRecord
-from tests.factories import make_account, make_key, make_model
+from tests.factories import make_account, make_key, make_model, money
 from tests.servers import register_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway"), pytest.mark.triton]
@@ -44,11 +43,6 @@ def world(gateway_server, triton_server):
     return {"account": account, "ai": ai}
 
 
-def money(world) -> tuple[int, int]:
-    account = Account.objects.get(pk=world["account"].pk)
-    return account.available, account.reserved
-
-
 def test_chat_is_answered_from_triton_with_its_own_counts(world):
     reply = world["ai"].chat.completions.create(
         model="acme/tri", max_tokens=3, messages=[{"role": "user", "content": "one two three four five"}]
@@ -61,7 +55,7 @@ def test_chat_is_answered_from_triton_with_its_own_counts(world):
     assert reply.usage is not None and (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (7, 3)
     record = UsageRecord.objects.get()
     assert (record.prompt_tokens, record.completion_tokens, record.worker_id) == (7, 3, "triton-text_generation")
-    assert money(world) == (10_000_000 - record.cost, 0)
+    assert money(world["account"]) == (10_000_000 - record.cost, 0)
 
 
 def test_completions_from_triton(world):
@@ -73,22 +67,22 @@ def test_completions_from_triton(world):
 
 
 def test_502_triton_inference_failed(world):
-    before = money(world)
+    before = money(world["account"])
     with pytest.raises(openai.APIStatusError) as info:
         world["ai"].completions.create(model="acme/tri-failing", prompt="please FAIL_ON_DEMAND")
     assert info.value.status_code == 502
     assert info.value.body["code"] == "triton_inference_failed"  # type: ignore[index]
     assert "failed on purpose" not in str(info.value.body)  # Triton's words stay in the logs
-    assert money(world) == before
+    assert money(world["account"]) == before
     assert Reservation.objects.get().status == "released"
 
 
 def test_502_runtime_usage_unavailable_without_count_tensors(world):
-    before = money(world)
+    before = money(world["account"])
     with pytest.raises(openai.APIStatusError) as info:
         world["ai"].completions.create(model="acme/tri-uncounted", prompt="hello")
     assert (info.value.status_code, info.value.body["code"]) == (502, "runtime_usage_unavailable")  # type: ignore[index]
-    assert money(world) == before
+    assert money(world["account"]) == before
 
 
 def test_streaming_is_refused_before_anything_is_reserved(world):

@@ -17,10 +17,9 @@ from django.test import Client
 
 from accounts.models import Account
 from billing.models import LedgerEntry, Reservation, UsageRecord
-from billing.selectors import ledger_totals
 from core.credits import MICRO
 from devtools.simulator import SimulatorThread
-from tests.factories import make_account, make_key, make_model
+from tests.factories import make_account, make_key, make_model, money
 from tests.servers import register_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway")]
@@ -50,13 +49,6 @@ def post(who: dict[str, Any], content: str, *, stream: bool = False, timeout: fl
 
 def sse_payloads(response: httpx.Response) -> list[bytes]:
     return [line[6:].encode() for line in response.text.splitlines() if line.startswith("data: ")]
-
-
-def money(who: dict[str, Any]) -> tuple[int, int]:
-    account = Account.objects.get(pk=who["account"].pk)
-    totals = ledger_totals(account=account)
-    assert (totals.available, totals.reserved) == (account.available, account.reserved)  # the ledger reconciles
-    return account.available, account.reserved
 
 
 def metric(name: str, **labels: str) -> float:
@@ -90,7 +82,7 @@ def test_a_worker_reporting_1m_plus_1m_tokens_for_max_tokens_4_never_overdraws(
         assert response.json()["usage"]["completion_tokens"] == 1_000_000  # the worker's word, forwarded
 
     # Charged what the account had (1 credit), not the 3 credits reported; never below zero.
-    assert money(who) == (0, 0)
+    assert money(who["account"]) == (0, 0)
     record = UsageRecord.objects.get(account=who["account"])
     assert (record.cost, record.uncharged) == (MICRO, 2 * MICRO)
     assert record.overrun == 3 * MICRO - record.reserved
@@ -123,7 +115,7 @@ def test_absurd_counts_from_an_openai_worker_are_a_clean_502_and_nothing_is_held
     else:
         assert response.status_code == 502
         assert response.json()["error"]["code"] == "runtime_usage_unavailable"
-    assert money(who) == (10 * MICRO, 0)
+    assert money(who["account"]) == (10 * MICRO, 0)
     assert not Reservation.objects.filter(account=who["account"], status="held").exists()
     assert UsageRecord.objects.get(account=who["account"]).cost == 0
 
@@ -174,7 +166,7 @@ def test_a_count_of_2_31_from_a_triton_worker_is_a_clean_502_and_nothing_is_held
         response = post(who, "hello", max_tokens=4)
         assert response.status_code == 502
         assert response.json()["error"]["code"] == "runtime_usage_unavailable"
-        assert money(who) == (10 * MICRO, 0)
+        assert money(who["account"]) == (10 * MICRO, 0)
         assert not Reservation.objects.filter(account=who["account"], status="held").exists()
     finally:
         thread.stop()
@@ -198,7 +190,7 @@ def test_a_stream_is_stopped_at_its_total_timeout_with_an_error_event(gateway_se
     assert orjson.loads(events[-1])["error"]["code"] == "upstream_timeout"
     assert len(events) > 3  # content was flowing
     assert 2.4 < took < 4.0, took
-    assert money(who) == (10 * MICRO, 0)  # CONTRACT: upstream_timeout charges nothing
+    assert money(who["account"]) == (10 * MICRO, 0)  # CONTRACT: upstream_timeout charges nothing
 
 
 def test_an_upstream_sending_only_comments_gets_a_504_within_the_read_timeout(gateway_server, slow_worker):
@@ -208,7 +200,7 @@ def test_an_upstream_sending_only_comments_gets_a_504_within_the_read_timeout(ga
     took = time.monotonic() - started
     assert response.status_code == 504 and response.json()["error"]["code"] == "upstream_timeout"
     assert 0.9 < took < 2.5, took
-    assert money(who) == (10 * MICRO, 0)
+    assert money(who["account"]) == (10 * MICRO, 0)
 
 
 def test_the_sweeper_never_frees_a_running_stream_and_its_content_is_charged(gateway_server, simulator, monkeypatch):
@@ -243,7 +235,7 @@ def test_the_sweeper_never_frees_a_running_stream_and_its_content_is_charged(gat
     record = UsageRecord.objects.get(account=who["account"])
     assert record.completion_tokens == 25 and record.cost > 0
     assert Reservation.objects.get(account=who["account"]).status == "settled"
-    assert money(who) == (10 * MICRO - record.cost, 0)
+    assert money(who["account"]) == (10 * MICRO - record.cost, 0)
 
 
 def test_the_openai_sdk_sees_the_capped_charge_as_an_ordinary_answer(gateway_server, priced):
@@ -253,4 +245,4 @@ def test_the_openai_sdk_sees_the_capped_charge_as_an_ordinary_answer(gateway_ser
         model="acme/model-1", messages=[{"role": "user", "content": "hi [sim usage=1000000,1000000]"}], max_tokens=4
     )
     assert reply.usage is not None and reply.usage.total_tokens == 2_000_000
-    assert money(who)[0] == 0
+    assert money(who["account"])[0] == 0

@@ -15,7 +15,7 @@ from billing.models import Reservation, UsageRecord
 from billing.selectors import ledger_totals
 from core.credits import MICRO
 from tests.factories import make_account, make_key, make_model
-from tests.servers import register_worker
+from tests.servers import register_worker, stream_events
 from workers.models import Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway")]
@@ -37,20 +37,7 @@ def sdk(world) -> openai.OpenAI:
 def raw_events(world, content: str, **body) -> list[bytes]:
     """Every SSE data payload, in order, read with a plain HTTP client."""
     payload = {"model": "acme/model-1", "stream": True, "messages": [{"role": "user", "content": content}], **body}
-    events = []
-    with httpx.stream(
-        "POST",
-        world["url"] + "/v1/chat/completions",
-        json=payload,
-        headers={"Authorization": f"Bearer {world['secret']}"},
-        timeout=10,
-    ) as response:
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("text/event-stream")
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                events.append(line[6:].encode())
-    return events
+    return [data for _, data in stream_events(world["url"], "/v1/chat/completions", world["secret"], payload)]
 
 
 def balance(world) -> tuple[int, int]:

@@ -12,10 +12,9 @@ import orjson
 import pytest
 from django.core.exceptions import ValidationError
 
-from accounts.models import Account
 from billing.models import Reservation, UsageRecord
-from tests.factories import make_account, make_key, make_model
-from tests.servers import register_worker
+from tests.factories import make_account, make_key, make_model, money
+from tests.servers import register_worker, stream_events
 from workers.models import Worker
 from workers.registration import registration_validate
 
@@ -54,29 +53,10 @@ def world(gateway_server, triton_server):
     return {"account": account, "ai": ai, "secret": secret, "url": gateway_server.url, "triton": triton_server}
 
 
-def money(world) -> tuple[int, int]:
-    account = Account.objects.get(pk=world["account"].pk)
-    return account.available, account.reserved
-
-
 def raw_events(world, model: str, prompt: str, **body: Any) -> list[tuple[float, bytes]]:
     """(seconds since the request, data payload) of every event, read with a plain HTTP client."""
     payload = {"model": model, "prompt": prompt, "stream": True, **body}
-    events = []
-    started = time.perf_counter()
-    with httpx.stream(
-        "POST",
-        world["url"] + "/v1/completions",
-        json=payload,
-        headers={"Authorization": f"Bearer {world['secret']}"},
-        timeout=10,
-    ) as response:
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("text/event-stream")
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                events.append((time.perf_counter() - started, line[6:].encode()))
-    return events
+    return stream_events(world["url"], "/v1/completions", world["secret"], payload)
 
 
 def test_sdk_chat_stream_arrives_token_by_token_and_settles_on_tritons_counts(world):
@@ -105,7 +85,7 @@ def test_sdk_chat_stream_arrives_token_by_token_and_settles_on_tritons_counts(wo
     record = UsageRecord.objects.get()
     assert (record.prompt_tokens, record.completion_tokens, record.streamed, record.status) == (10, 6, True, "ok")
     assert record.worker_id == "triton-text_stream" and record.ttft_ms is not None
-    assert money(world) == (10_000_000 - record.cost, 0)
+    assert money(world["account"]) == (10_000_000 - record.cost, 0)
 
 
 def test_usage_chunk_comes_before_done_only_when_asked(world):
@@ -125,27 +105,27 @@ def test_usage_chunk_comes_before_done_only_when_asked(world):
 
 
 def test_a_stream_without_counts_ends_in_an_error_event_and_charges_nothing(world):
-    before = money(world)
+    before = money(world["account"])
     events = [e for _, e in raw_events(world, "acme/tri-stream-uncounted", "alpha beta gamma")]
     assert b"[DONE]" not in events
     texts = [orjson.loads(e)["choices"][0]["text"] for e in events[:-1]]
     assert texts == ["alpha", " beta", " gamma"]  # the text was relayed as it came
     assert orjson.loads(events[-1])["error"]["code"] == "runtime_usage_unavailable"
-    assert money(world) == before
+    assert money(world["account"]) == before
     assert Reservation.objects.get().status == "released"
     record = UsageRecord.objects.get()
     assert (record.status, record.error_code, record.cost) == ("failed", "runtime_usage_unavailable", 0)
 
 
 def test_a_model_failing_mid_stream_ends_in_an_error_event_and_charges_nothing(world):
-    before = money(world)
+    before = money(world["account"])
     events = [e for _, e in raw_events(world, "acme/tri-stream-failing", WORDS)]
     assert b"[DONE]" not in events
     assert [orjson.loads(e)["choices"][0]["text"] for e in events[:-1]] == ["one", " two"]
     error = orjson.loads(events[-1])["error"]
     assert error["code"] == "triton_inference_failed"
     assert "failed on purpose" not in error["message"]  # Triton's words stay in the logs
-    assert money(world) == before
+    assert money(world["account"]) == before
     assert Reservation.objects.get().status == "released"
     assert Worker.objects.get(worker_id="triton-text_stream_failing").consecutive_failures == 1
 
@@ -157,7 +137,7 @@ def test_a_non_streaming_request_joins_the_events_text_and_settles(world):
     assert reply.usage is not None and (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (4, 3)
     record = UsageRecord.objects.get()
     assert (record.prompt_tokens, record.completion_tokens, record.streamed) == (4, 3, False)
-    assert money(world) == (10_000_000 - record.cost, 0)
+    assert money(world["account"]) == (10_000_000 - record.cost, 0)
 
     with pytest.raises(openai.APIStatusError) as info:
         world["ai"].completions.create(model="acme/tri-stream-uncounted", prompt="alpha")
@@ -175,7 +155,7 @@ def _wait_closed(timeout: float = 5.0) -> Reservation:
 
 
 def test_a_client_leaving_mid_stream_cancels_the_request_on_triton_and_pays_for_what_it_was_sent(world):
-    before = money(world)
+    before = money(world["account"])
     prompt = " ".join(f"w{i}" for i in range(30))
     seen = 0
     with httpx.stream(
@@ -194,7 +174,7 @@ def test_a_client_leaving_mid_stream_cancels_the_request_on_triton_and_pays_for_
     record = UsageRecord.objects.get()
     assert record.status == "client_disconnected"
     assert 2 <= record.completion_tokens <= 4  # what was sent before the gateway noticed, not the 30 asked for
-    assert money(world) == (before[0] - record.cost, 0)
+    assert money(world["account"]) == (before[0] - record.cost, 0)
     deadline = time.monotonic() + 5
     while "stream cancelled after" not in world["triton"].tail(20) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -133,6 +133,47 @@ class WorkerRegistrationForm(forms.ModelForm):
             self.add_error("registration", messages_)
 
 
+# What a worker's page shows below its registration, all read-only (the registration JSON is the one input).
+SHOWN_FIELDSETS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("Registered", {"fields": ("runtime", "transport", "runtime_endpoint", "supported_models")}),
+    ("Worker-supplied metadata", {"fields": ("gpu_metadata_table", "runtime_metadata_table")}),
+    ("Credential", {"fields": ("has_upstream_api_key",)}),
+    (
+        "Health",
+        {
+            "fields": (
+                "healthy",
+                "models_ready",
+                "agent_report",
+                "discovered_models",
+                "last_probe_at",
+                "last_probe_latency_ms",
+                "last_probe_error",
+            )
+        },
+    ),
+    ("Circuit", {"fields": ("circuit_state", "consecutive_failures", "circuit_opened_at", "last_failure_reason")}),
+    (
+        "Load",
+        {
+            "fields": (
+                "load",
+                "runtime_queue",
+                "runtime_running",
+                "runtime_max_running",
+                "runtime_queue_time_ms",
+                "runtime_kv_cache_usage",
+                "runtime_load_at",
+                "runtime_load_error",
+            ),
+            "description": "In flight and latency as this server process sees them now; the runtime's "
+            "own figures from the last probe (runtime_config.metrics_url).",
+        },
+    ),
+)
+SHOWN_FIELDS = tuple(name for _, options in SHOWN_FIELDSETS for name in options["fields"])
+
+
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):
     form = WorkerRegistrationForm
@@ -158,83 +199,14 @@ class WorkerAdmin(admin.ModelAdmin):
         # A subclass per request, so the registration service can audit who made the change.
         return type(form.__name__, (form,), {"actor": request.user})
 
-    readonly_fields = (
-        "runtime",
-        "transport",
-        "runtime_endpoint",
-        "supported_models",
-        "gpu_metadata_table",
-        "runtime_metadata_table",
-        "has_upstream_api_key",
-        "healthy",
-        "models_ready",
-        "agent_report",
-        "discovered_models",
-        "last_probe_at",
-        "last_probe_latency_ms",
-        "last_probe_error",
-        "circuit_state",
-        "consecutive_failures",
-        "circuit_opened_at",
-        "last_failure_reason",
-        "load",
-        "runtime_queue",
-        "runtime_running",
-        "runtime_max_running",
-        "runtime_queue_time_ms",
-        "runtime_kv_cache_usage",
-        "runtime_load_at",
-        "runtime_load_error",
-    )
-
     def get_fieldsets(self, request: HttpRequest, obj: Worker | None = None) -> Any:
         register = (None, {"fields": ("registration", "upstream_api_key", "clear_upstream_api_key")})
         if obj is None:
             return [register]
-        return [
-            register,
-            ("Registered", {"fields": ("runtime", "transport", "runtime_endpoint", "supported_models")}),
-            ("Worker-supplied metadata", {"fields": ("gpu_metadata_table", "runtime_metadata_table")}),
-            ("Credential", {"fields": ("has_upstream_api_key",)}),
-            (
-                "Health",
-                {
-                    "fields": (
-                        "healthy",
-                        "models_ready",
-                        "agent_report",
-                        "discovered_models",
-                        "last_probe_at",
-                        "last_probe_latency_ms",
-                        "last_probe_error",
-                    )
-                },
-            ),
-            (
-                "Circuit",
-                {"fields": ("circuit_state", "consecutive_failures", "circuit_opened_at", "last_failure_reason")},
-            ),
-            (
-                "Load",
-                {
-                    "fields": (
-                        "load",
-                        "runtime_queue",
-                        "runtime_running",
-                        "runtime_max_running",
-                        "runtime_queue_time_ms",
-                        "runtime_kv_cache_usage",
-                        "runtime_load_at",
-                        "runtime_load_error",
-                    ),
-                    "description": "In flight and latency as this server process sees them now; the runtime's "
-                    "own figures from the last probe (runtime_config.metrics_url).",
-                },
-            ),
-        ]
+        return [register, *SHOWN_FIELDSETS]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Worker | None = None) -> Any:
-        return self.readonly_fields if obj else ()
+        return SHOWN_FIELDS if obj else ()
 
     change_form_template = "admin/workers/worker/change_form.html"
 
