@@ -7,7 +7,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/speedinfer
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 # The real Triton server for tests: nvidia-pytriton's tritonserver in a venv of its own, made with Debian's
-# python3.11 because the Python backend stub links its libpython (see README, Workers).
+# python3.11 because the Python backend stub links its libpython (see docs/testing.md).
 TRITON_VENV ?= $(HOME)/.cache/speedinfer/triton-venv
 TRITON_PYTHON ?= /usr/bin/python3.11
 
@@ -66,11 +66,12 @@ gpu-check: install-dev ## SpeedInfer + real Triton on an NVIDIA GPU, end to end 
 chromium: ## Debian's chromium for the browser test (Playwright's own browser download fails here)
 	@test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
-lint: install-dev ## ruff, mypy and the import-linter layer contracts
+lint: install-dev ## ruff, mypy, the import-linter layer contracts and the docs site (strict: a broken link fails)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 clean: ## remove the venv and local state
 	rm -rf $(VENV) var

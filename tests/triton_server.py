@@ -1,6 +1,6 @@
 """A real Triton Inference Server for the tests (pytest plugin, registered in tests/conftest.py).
 
-`make triton` installs nvidia-pytriton's tritonserver into its own venv (see README, Workers).
+`make triton` installs nvidia-pytriton's tritonserver into its own venv (see docs/testing.md, The real Triton server).
 Fixtures:
 - `triton_server` (session): one server over tests/triton_models, on a free port; `.url` is the base URL.
 - `triton_factory`: start extra servers a test may stop and restart (same port), stopped after the test.
