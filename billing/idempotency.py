@@ -1,4 +1,4 @@
-"""Idempotency-Key writes (CONTRACT): claim a key, keep the answer that was charged for, forget a failure.
+"""Idempotency-Key writes (docs/interface.md): claim a key, keep the answer that was charged for, forget a failure.
 
 Stored with the ledger, so a replay is decided by the same database that holds the money: the claim
 is an INSERT guarded by the unique (api_key, key) constraint, so of two identical requests at once

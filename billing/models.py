@@ -133,7 +133,7 @@ class UsageRecord(models.Model):
 
 
 class IdempotencyKey(models.Model):
-    """One client's Idempotency-Key (CONTRACT): claimed by inserting this row, so of two identical
+    """One client's Idempotency-Key (docs/interface.md, HTTP): claimed by inserting this row, so of two identical
     requests at once exactly one runs; the answer it charged for is kept for replays (24 h)."""
 
     class State(models.TextChoices):

@@ -62,7 +62,8 @@ def key_spend_this_month(*, api_key_ids: list[int], now: datetime | None = None)
 
 
 def key_budget_document(*, api_key_id: int, monthly_budget: int | None) -> dict[str, Any] | None:
-    """CONTRACT's `budget`: null, or {"limit", "spent", "resets_at"} with money as decimal strings."""
+    """GET /v1/key's `budget` (docs/interface.md): null, or {"limit", "spent", "resets_at"} with money as
+    decimal strings."""
     if monthly_budget is None:
         return None
     now = datetime.now(UTC)

@@ -1,5 +1,5 @@
 """Losing a dependency (PostgreSQL, Redis): one exception per dependency, which the gateway answers
-with CONTRACT's 503 service_unavailable, never a hang and never a 500.
+with docs/interface.md's 503 service_unavailable, never a hang and never a 500.
 
 `DatabaseUnavailable` is what every database call of the /v1 path raises when the database cannot be
 reached (a refused or timed-out connection, a pool that hands out none in time, a connection that broke

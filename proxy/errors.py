@@ -1,4 +1,4 @@
-"""The gateway's refusals, each with CONTRACT's status and code."""
+"""The gateway's refusals, each with its status and code from docs/interface.md, Errors."""
 
 from __future__ import annotations
 

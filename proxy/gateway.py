@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: the request path, in CONTRACT's order.
+"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: the request path, in docs/interface.md's order.
 
 parse and validate -> authenticate -> scope, model, allow-list -> rate limits
 -> streaming support -> select a worker -> reserve -> forward (one retry on
@@ -18,7 +18,7 @@ Charging on client disconnect mid-stream (see README, "The API"):
   The upstream request is closed at once, so the worker stops generating.
 
 A worker that fails or times out mid-stream gets an error event and nothing is
-charged (CONTRACT: upstream_timeout / upstream_error). Streams have the worker's
+charged (docs/interface.md, Errors: upstream_timeout / upstream_error). Streams have the worker's
 total timeout over the whole stream and its read timeout between data events
 (SSE comments are not progress), before the first event included.
 

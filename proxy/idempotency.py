@@ -1,4 +1,4 @@
-"""Idempotency-Key on the completion endpoints (CONTRACT): validate, claim, replay, remember.
+"""Idempotency-Key on the completion endpoints (docs/interface.md, HTTP): validate, claim, replay, remember.
 
 The claim is made after authentication (a key is scoped to its API key) and before anything is
 reserved; the answer is kept only when the request was charged, so a failed first attempt with

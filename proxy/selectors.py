@@ -11,7 +11,7 @@ from core.credits import format_credits
 
 
 def key_summary(*, key: KeyInfo) -> dict[str, Any]:
-    """CONTRACT's GET /v1/key body: the key as configured and its account's balances (one query)."""
+    """The GET /v1/key body (docs/interface.md, HTTP): the key as configured and its account's balances (one query)."""
     available, reserved = Account.objects.filter(pk=key.account_id).values_list("available", "reserved").get()
     return {
         "data": {

@@ -1,4 +1,4 @@
-"""Errors a worker call can end in, each with the gateway's status and error code (CONTRACT)."""
+"""Errors a worker call can end in, each with the gateway's status and error code (docs/interface.md, Errors)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class RuntimeUsageUnavailable(WorkerError):
 def http_failures(
     who: str = "the worker", *, timed_out: str = "did not answer in time", broken: str = "could not be reached"
 ) -> Iterator[None]:
-    """The one translation of transport failures into CONTRACT's errors: a timeout (httpx's, or an
+    """The one translation of transport failures into the errors of docs/interface.md: a timeout (httpx's, or an
     asyncio deadline) is 504 upstream_timeout, any other httpx error 502 upstream_error. A WorkerError
     raised inside passes through as it is."""
     try:

@@ -1,4 +1,4 @@
-"""SpeedInfer settings, read from the environment (see CONTRACT.md and README.md).
+"""SpeedInfer settings, read from the environment (see docs/interface.md and docs/configuration.md).
 
 Unset DATABASE_URL / REDIS_URL give the embedded default: SQLite under var/ and
 in-process cache, broker and channel layer. Set, they give PostgreSQL and Redis.

@@ -1,4 +1,4 @@
-"""One test per row of CONTRACT's error table: the status, the code, and nothing charged or left held."""
+"""One test per row of docs/interface.md's error table: the status, the code, and nothing charged or left held."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Idempotency-Key (CONTRACT): a retried request is answered again, never run or charged twice."""
+"""Idempotency-Key (docs/interface.md, HTTP): a retried request is answered again, never run or charged twice."""
 
 from __future__ import annotations
 

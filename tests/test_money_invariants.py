@@ -1,4 +1,4 @@
-"""CONTRACT's money invariants through the gateway: overruns, absurd counts, stream timeouts, leases."""
+"""The money invariants (docs/interface.md) through the gateway: overruns, absurd counts, stream timeouts, leases."""
 
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ def test_a_stream_is_stopped_at_its_total_timeout_with_an_error_event(gateway_se
     assert orjson.loads(events[-1])["error"]["code"] == "upstream_timeout"
     assert len(events) > 3  # content was flowing
     assert 2.4 < took < 4.0, took
-    assert money(who["account"]) == (10 * MICRO, 0)  # CONTRACT: upstream_timeout charges nothing
+    assert money(who["account"]) == (10 * MICRO, 0)  # docs/interface.md, Errors: upstream_timeout charges nothing
 
 
 def test_an_upstream_sending_only_comments_gets_a_504_within_the_read_timeout(gateway_server, slow_worker):

@@ -1,4 +1,4 @@
-"""Dependency outages (CONTRACT: 503 service_unavailable, never a hang, never a 500).
+"""Dependency outages (docs/interface.md, Errors: 503 service_unavailable, never a hang, never a 500).
 
 The gateway runs as its own process (uvicorn) whose DATABASE_URL and REDIS_URL point at TCP
 forwarders (tests/tcp_forwarder.py); cutting a forwarder is, for the gateway, the database or Redis

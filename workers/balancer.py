@@ -1,4 +1,4 @@
-"""Which eligible worker is expected to answer soonest (CONTRACT: Routing). Pure scoring plus a little
+"""Which eligible worker is expected to answer soonest (docs/interface.md, HTTP: Routing). Pure scoring plus a little
 per-process state: each gateway process's own observed latencies and recent failures.
 
     cost(w) = L(w) * (I(w) + Q(w) + 1)

@@ -95,7 +95,7 @@ def _store(snap: _Snapshot) -> _Snapshot:
 
 # A stale snapshot is served while a refresh runs beside the request, so the one request a second that
 # finds it stale does not wait for the query (it did: ~2 ms at c1 in make bench); but only this long
-# past the TTL, so a worker a probe marked down stops taking traffic within TTL + this (CONTRACT).
+# past the TTL, so a worker a probe marked down stops taking traffic within TTL + this (docs/workers.md).
 _STALE_GRACE = 0.5
 
 

@@ -59,7 +59,7 @@ def model_readiness(*, worker: Worker) -> dict[str, dict[str, bool]]:
 
 
 def health_report() -> dict[str, Any]:
-    """GET /health (CONTRACT): one query; no endpoint, credential or metadata."""
+    """GET /health (docs/interface.md, HTTP): one query; no endpoint, credential or metadata."""
     rows = list(
         workers_enabled().only(
             "worker_id",

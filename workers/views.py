@@ -13,7 +13,7 @@ log = logging.getLogger("speedinfer.health")
 
 @require_GET
 def health(request: HttpRequest) -> JsonResponse:
-    """GET /health (CONTRACT): public, so nothing in it names an endpoint, credential or metadata.
+    """GET /health (docs/interface.md, HTTP): public, so nothing in it names an endpoint, credential or metadata.
     With the database unreachable: 503 and JSON naming it (no error text: it may name the host)."""
     try:
         response = JsonResponse(health_report())

@@ -187,7 +187,7 @@ class WorkerFilter(admin.SimpleListFilter):
 
 class UnchargedOverrunFilter(admin.SimpleListFilter):
     """Requests whose worker reported more usage than the account could pay: with the worker filter,
-    which workers overrun and by how much (CONTRACT: Money invariants)."""
+    which workers overrun and by how much (docs/interface.md, Money invariants)."""
 
     title = "uncharged overrun"
     parameter_name = "uncharged"
