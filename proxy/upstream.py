@@ -48,14 +48,16 @@ async def select(params: CompletionParams) -> list[WorkerClient]:
 async def forward_once(call: BilledCall, client: WorkerClient) -> Answer:
     """One non-streaming call to one worker, counted in its in-flight load and latency estimate."""
     params, max_tokens, request_id = call.params, call.max_tokens, call.ex.request_id
+    embeddings = params.endpoint == EMBEDDINGS
+    serve = client.embed if embeddings else client.complete
+    if not (client.capabilities.embeds if embeddings else client.capabilities.generates_text):
+        # Refused by the interface (WorkerRejected) before the worker is counted as called.
+        return await serve(params=params, max_tokens=max_tokens, request_id=request_id)
     worker_id = client.worker.worker_id
     routing.acquire(worker_id)
     started, ok = time.perf_counter(), False
     try:
-        if params.endpoint == EMBEDDINGS:
-            answer = await client.embed(params=params, max_tokens=max_tokens, request_id=request_id)
-        else:
-            answer = await client.complete(params=params, max_tokens=max_tokens, request_id=request_id)
+        answer = await serve(params=params, max_tokens=max_tokens, request_id=request_id)
         ok = True
         return answer
     finally:
