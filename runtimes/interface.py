@@ -19,7 +19,7 @@ Adding to it (the next issues):
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -53,7 +53,9 @@ class WorkerStream:
     `chat.completion.chunk` / `text_completion` event, then `DONE`), as it arrives.
     The caller must `aclose()` it: that closes the upstream request, so the worker stops generating."""
 
-    def __init__(self, payloads: AsyncIterator[bytes], close: Any) -> None:
+    __slots__ = ("payloads", "_close")
+
+    def __init__(self, payloads: AsyncIterator[bytes], close: Callable[[], Awaitable[None]]) -> None:
         self.payloads = payloads
         self._close = close
 
