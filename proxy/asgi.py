@@ -19,9 +19,10 @@ from core.db import db_call
 from core.metrics import observe_request
 from core.outages import DB_ERRORS, DatabaseUnavailable, RedisUnavailable
 from core.request_log import log_request
+from proxy.auth import authenticate
 from proxy.errors import GatewayError
 from proxy.exchange import Exchange, Receive, Scope, Send
-from proxy.gateway import authenticate, handle_completion
+from proxy.gateway import handle_completion
 from proxy.selectors import key_summary, usage_page
 from runtimes.request import CHAT, COMPLETIONS, EMBEDDINGS
 

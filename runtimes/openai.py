@@ -1,6 +1,7 @@
 """OpenAI-compatible workers (transport `openai`: every `cuda` worker, TensorRT-LLM's OpenAI frontend).
 
-Chat and completions calls (plain and streaming) and model discovery for the probes.
+Chat and completions calls (plain and streaming), embeddings, and model discovery for the probes;
+`OpenAIClient` is their `runtimes.interface.WorkerClient`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from runtimes.errors import (
     worker_message,
 )
 from runtimes.http import get_client, worker_timeout, worker_total_timeout
+from runtimes.interface import Answer, Capabilities, WorkerClient, WorkerStream
 from runtimes.request import CHAT, CompletionParams, Usage, usage_from
+from runtimes.sse import sse_data
 from runtimes.target import WorkerTarget
 
 
@@ -134,3 +137,60 @@ async def openai_stream_open(
             await response.aclose()
         raise rejected(worker, response.status_code, detail)
     return response
+
+
+async def openai_embed(
+    *, worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
+) -> tuple[dict[str, Any], Usage]:
+    """POST {endpoint}/embeddings, the body as the client sent it but for the worker's model id."""
+    body = dict(params.body)
+    body["model"] = worker.upstream_model(params.model)
+    headers = {"content-type": "application/json", "x-request-id": request_id, **auth_headers(worker)}
+    request = get_client().build_request(
+        "POST",
+        worker.endpoint + "/embeddings",
+        content=orjson.dumps(body),
+        headers=headers,
+        timeout=worker_timeout(worker.runtime_config),
+    )
+    data = await send_for_json(worker, request)
+    usage = data.get("usage")
+    prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    if type(prompt_tokens) is not int or prompt_tokens < 0:
+        raise RuntimeUsageUnavailable("the worker's answer has no usage; nothing was charged")
+    data["model"] = params.model
+    return data, Usage(prompt_tokens, 0)
+
+
+class OpenAIClient(WorkerClient):
+    """An OpenAI-compatible worker: the client's body is forwarded as it is (model id and token limit
+    rewritten), so every request feature the worker honours passes through. The Responses API is
+    declared per worker (`runtime_config.responses: true`); rerank is not served yet."""
+
+    transport = "openai"
+
+    @classmethod
+    def capabilities_of(cls, worker: WorkerTarget) -> Capabilities:
+        return Capabilities(
+            generates_text=True,
+            streams=True,
+            embeds=True,
+            tools=True,
+            response_format=True,
+            media=True,
+            n=True,
+            logprobs=True,
+            responses=worker.runtime_config.get("responses") is True,
+        )
+
+    async def complete(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> Answer:
+        return await openai_complete(worker=self.worker, params=params, max_tokens=max_tokens, request_id=request_id)
+
+    async def stream_open(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> WorkerStream:
+        response = await openai_stream_open(
+            worker=self.worker, params=params, max_tokens=max_tokens, request_id=request_id
+        )
+        return WorkerStream(sse_data(response), response.aclose)
+
+    async def embed(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> Answer:
+        return await openai_embed(worker=self.worker, params=params, max_tokens=max_tokens, request_id=request_id)

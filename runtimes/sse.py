@@ -8,8 +8,6 @@ import httpx
 
 from runtimes.errors import http_failures
 
-DONE = b"[DONE]"
-
 
 async def sse_data(response: httpx.Response) -> AsyncIterator[bytes]:
     """The `data` payload of each server-sent event, as it arrives (no buffering beyond one event)."""

@@ -1,5 +1,7 @@
 """Triton Inference Server over HTTP/REST v2 (KServe protocol): readiness, discovery and inference.
 
+`TritonClient` is the `runtimes.interface.WorkerClient` of a direct (`/infer`) Triton worker.
+
 Shapes handled are the ones the real server answers (see README, Workers): empty
 bodies on readiness, `{"error": "..."}` on rejections with 400/404/500/501,
 flat `data` in answers though requests may nest it, BYTES as UTF-8 strings.
@@ -16,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from runtimes.embeddings import embeddings_answer, embeddings_config
 from runtimes.errors import (
     RuntimeUsageUnavailable,
     TritonInferenceFailed,
@@ -27,6 +30,7 @@ from runtimes.errors import (
     worker_message,
 )
 from runtimes.http import get_client, worker_timeout, worker_total_timeout
+from runtimes.interface import Answer, Capabilities, WorkerClient
 from runtimes.request import CHAT, CompletionParams, Usage, is_token_count
 from runtimes.target import WorkerTarget
 
@@ -291,3 +295,95 @@ def completion_answer(
         },
     }
     return data, usage
+
+
+async def triton_embed(
+    *, worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
+) -> tuple[dict[str, Any], Usage]:
+    """POST /v2/models/{embeddings.model_name}/infer; the vectors and the model's own prompt-token count."""
+    config = embeddings_config(worker)
+    if config is None:
+        raise WorkerRejected(f"the model '{params.model}' does not serve embeddings")
+    texts = params.texts
+    count_name = config["prompt_tokens_output_name"]
+    body = {
+        "inputs": [
+            {
+                "name": config["input_name"],
+                "shape": [len(texts), 1],
+                "datatype": "BYTES",
+                "data": [[text] for text in texts],
+            }
+        ],
+        "outputs": [
+            {"name": name, "parameters": {"binary_data": False}} for name in (config["output_name"], count_name)
+        ],
+    }
+    url = f"{worker.endpoint}/v2/models/{config['model_name']}/infer"
+    timeouts = worker.runtime_config
+    with http_failures("the Triton worker"):
+        async with asyncio.timeout(worker_total_timeout(timeouts)):
+            response = await get_client().post(url, json=body, timeout=worker_timeout(timeouts))
+    if response.status_code != 200:
+        message = _error_text(response)
+        if response.status_code == 400 and f"unexpected inference output '{count_name}'" in message:
+            raise RuntimeUsageUnavailable("the Triton worker returned no authoritative token counts", detail=message)
+        raise triton_rejection(worker, response.status_code, message)
+    try:
+        answer = response.json()
+    except (ValueError, json.JSONDecodeError):
+        raise TritonInferenceFailed("the Triton worker's answer is not JSON", detail=response.text[:500]) from None
+    outputs = {
+        str(o.get("name")): o for o in (answer.get("outputs") or []) if isinstance(answer, dict) and isinstance(o, dict)
+    }
+    vectors = _vectors(outputs.get(config["output_name"]), len(texts))
+    prompt_tokens = _total(outputs.get(count_name), count_name)
+    encoding_format = str(params.body.get("encoding_format") or "float")
+    data = embeddings_answer(
+        model=params.model, vectors=vectors, prompt_tokens=prompt_tokens, encoding_format=encoding_format
+    )
+    return data, Usage(prompt_tokens, 0)
+
+
+def _vectors(output: Any, count: int) -> list[list[float]]:
+    if not isinstance(output, dict):
+        raise TritonInferenceFailed("the Triton worker's answer has no embedding output")
+    values = _flat(output.get("data"))
+    if not values or count == 0 or len(values) % count or not all(isinstance(v, int | float) for v in values):
+        raise TritonInferenceFailed(
+            "the Triton worker's embedding output is not one vector per input",
+            detail=f"{len(values)} values for {count} inputs, shape {output.get('shape')!r}",
+        )
+    size = len(values) // count
+    return [[float(v) for v in values[i * size : (i + 1) * size]] for i in range(count)]
+
+
+def _total(output: Any, name: str) -> int:
+    values = _flat(output.get("data")) if isinstance(output, dict) else []
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
+        raise RuntimeUsageUnavailable(
+            "the Triton worker returned no authoritative token counts",
+            detail=f"output {name!r} missing or not counts",
+        )
+    return sum(values)
+
+
+class TritonClient(WorkerClient):
+    """Direct Triton over HTTP v2 `/infer`: one answer per request, no streaming, and none of the
+    request features it cannot honour (tools, response_format, n > 1, logprobs, media)."""
+
+    transport = "triton"
+
+    @classmethod
+    def capabilities_of(cls, worker: WorkerTarget) -> Capabilities:
+        # A worker registered for embeddings only has no text-generation tensor names.
+        generates = bool(worker.runtime_config.get("model_name"))
+        return Capabilities(generates_text=generates, embeds=embeddings_config(worker) is not None)
+
+    async def complete(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> Answer:
+        if not self.capabilities.generates_text:
+            return await super().complete(params=params, max_tokens=max_tokens, request_id=request_id)
+        return await triton_complete(worker=self.worker, params=params, max_tokens=max_tokens, request_id=request_id)
+
+    async def embed(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> Answer:
+        return await triton_embed(worker=self.worker, params=params, max_tokens=max_tokens, request_id=request_id)

@@ -26,17 +26,13 @@ import orjson
 
 from runtimes.errors import RuntimeUsageUnavailable, TritonInferenceFailed, http_failures
 from runtimes.http import get_client, worker_timeout, worker_total_timeout
+from runtimes.interface import DONE, Answer, Capabilities, WorkerStream
 from runtimes.request import CHAT, CompletionParams, Usage
-from runtimes.sse import DONE, sse_data
+from runtimes.sse import sse_data
 from runtimes.target import WorkerTarget
-from runtimes.triton import TritonResult, completion_answer, triton_prompt
+from runtimes.triton import TritonClient, TritonResult, completion_answer, triton_prompt
 
 GENERATE_STREAM = "generate_stream"
-
-
-def triton_streams(worker: WorkerTarget) -> bool:
-    """Whether this worker serves `stream: true` (a Triton worker that opted in)."""
-    return worker.transport == "triton" and worker.runtime_config.get("streaming") == GENERATE_STREAM
 
 
 def generate_body(*, config: dict[str, Any], prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -198,3 +194,30 @@ async def triton_stream_complete(
         text="".join(parts), prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens
     )
     return completion_answer(params=params, result=result, max_tokens=max_tokens)
+
+
+class TritonStreamClient(TritonClient):
+    """A Triton worker that opted in to generate_stream: it streams, and non-streaming requests take
+    the same endpoint (its decoupled model refuses /infer). Embeddings as any Triton worker."""
+
+    @classmethod
+    def serves(cls, worker: WorkerTarget) -> bool:
+        """A Triton worker that opted in (`runtime_config.streaming = "generate_stream"`)."""
+        return worker.runtime_config.get("streaming") == GENERATE_STREAM
+
+    @classmethod
+    def capabilities_of(cls, worker: WorkerTarget) -> Capabilities:
+        base = TritonClient.capabilities_of(worker)
+        return Capabilities(generates_text=True, streams=True, embeds=base.embeds)
+
+    async def complete(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> Answer:
+        return await triton_stream_complete(
+            worker=self.worker, params=params, max_tokens=max_tokens, request_id=request_id
+        )
+
+    async def stream_open(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> WorkerStream:
+        worker = self.worker
+        response = await triton_stream_open(worker=worker, params=params, max_tokens=max_tokens, request_id=request_id)
+        return WorkerStream(
+            triton_stream_chunks(response, worker=worker, params=params, max_tokens=max_tokens), response.aclose
+        )

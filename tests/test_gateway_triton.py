@@ -90,3 +90,42 @@ def test_streaming_is_refused_before_anything_is_reserved(world):
         world["ai"].chat.completions.create(model="acme/tri", stream=True, messages=[{"role": "user", "content": "hi"}])
     assert (info.value.status_code, info.value.body["code"]) == (400, "streaming_unsupported")  # type: ignore[index]
     assert not Reservation.objects.exists()
+
+
+def test_a_stream_goes_only_to_the_workers_whose_capabilities_say_they_stream(gateway_server, triton_server, simulator):
+    """One model on a direct Triton worker and an OpenAI-compatible one: both answer plain requests, but
+    only the OpenAI one streams (runtimes.interface.Capabilities), so every stream request goes there."""
+    from workers import routing
+    from workers.models import Worker
+
+    make_model(model_id="acme/model-1", max_output_tokens=32)
+    register_worker(simulator.base_url, worker_id="sim-openai")
+    register_worker(
+        triton_server.url,
+        worker_id="triton-direct",
+        runtime="triton",
+        models=("acme/model-1",),
+        model_name="text_generation",
+        **NAMES,
+    )
+    assert set(Worker.objects.filter(healthy=True).values_list("worker_id", flat=True)) == {
+        "sim-openai",
+        "triton-direct",
+    }
+    account = make_account(name="mixed-pool", credits=10)
+    ai = openai.OpenAI(base_url=gateway_server.url + "/v1", api_key=make_key(account=account).secret, max_retries=0)
+    hello: Any = [{"role": "user", "content": "hello"}]
+    for _ in range(4):
+        chunks = list(ai.chat.completions.create(model="acme/model-1", stream=True, messages=hello))
+        assert any(c.choices and c.choices[0].delta.content for c in chunks)
+    assert list(UsageRecord.objects.values_list("worker_id", "streamed")) == [("sim-openai", True)] * 4
+
+    # Without the OpenAI worker the Triton one still answers, and a stream is refused as docs/interface.md says.
+    Worker.objects.filter(worker_id="sim-openai").update(enabled=False)
+    routing.invalidate()
+    ai.chat.completions.create(model="acme/model-1", max_tokens=3, messages=hello)
+    assert UsageRecord.objects.latest("id").worker_id == "triton-direct"
+    with pytest.raises(openai.APIStatusError) as info:
+        ai.chat.completions.create(model="acme/model-1", stream=True, messages=hello)
+    assert (info.value.status_code, info.value.body["code"]) == (400, "streaming_unsupported")  # type: ignore[index]
+    assert money(account) == (10_000_000 - sum(UsageRecord.objects.values_list("cost", flat=True)), 0)

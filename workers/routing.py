@@ -241,6 +241,11 @@ async def model_transports_async(model_id: str) -> set[str]:
     return _transports(await _current(), model_id)
 
 
+async def model_workers_async(model_id: str) -> list[WorkerTarget]:
+    """The enabled workers declaring `model_id`, eligible or not (for streaming_unsupported)."""
+    return [e.view for e in (await _current()).entries.values() if model_id in e.models]
+
+
 def in_flight_count(worker_id: str) -> int:
     """This process's calls to the worker now (workers.fleet adds the other processes')."""
     return fleet.local_count(worker_id)

@@ -1,0 +1,167 @@
+"""`stream: true`: open the upstream stream (one retry on another worker before the first event), relay
+each event as it arrives, settle on the usage event's authority, end with [DONE].
+
+Every transport's stream is the same to this module: `WorkerClient.stream_open` yields OpenAI chunk
+payloads (runtimes.interface). A worker that fails or times out mid-stream gets an error event and
+nothing is charged (docs/interface.md, Errors: upstream_timeout / upstream_error). Streams have the worker's total
+timeout over the whole stream and its read timeout between data events (SSE comments are not
+progress), before the first event included. A client that disconnects is charged by
+BilledCall.charge_disconnected, and the upstream request is closed at once, so the worker stops generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import orjson
+
+from proxy.billed import BilledCall
+from proxy.errors import GatewayError
+from proxy.upstream import worker_failed
+from runtimes.errors import RuntimeUsageUnavailable, UpstreamError, UpstreamTimeout, WorkerError
+from runtimes.interface import DONE, WorkerClient, WorkerStream
+from runtimes.request import usage_from
+from workers import routing
+
+
+async def stream(call: BilledCall) -> None:
+    ex = call.ex
+    watcher = ex.watch_disconnect()
+    upstream: WorkerStream | None = None
+    client: WorkerClient | None = None
+    counted: str | None = None  # the worker whose in-flight count this stream holds
+    loop = asyncio.get_running_loop()
+    try:
+        ex.interruptible = True
+        first: bytes | None = None
+        for attempt, client in enumerate(call.clients[:2]):
+            worker = call.worker = client.worker
+            if counted is not None:
+                routing.release(counted)
+            routing.acquire(worker.worker_id)
+            counted = worker.worker_id
+            try:
+                deadline = loop.time() + client.total_timeout
+                upstream = await client.stream_open(
+                    params=call.params, max_tokens=call.max_tokens, request_id=ex.request_id
+                )
+                # Headers from the worker are not an answer: until its first data event the client has
+                # none either, so the read timeout applies to that event (comments don't reset it).
+                first = await _next_event(upstream, client, deadline)
+                if first is None:
+                    raise RuntimeUsageUnavailable("the worker's stream ended without any event; nothing was charged")
+                break
+            except WorkerError as error:
+                if upstream is not None:
+                    await upstream.aclose()
+                    upstream = None
+                ex.interruptible = False
+                await worker_failed(call, client, error, attempt=attempt)
+                ex.interruptible = True
+                continue
+        assert upstream is not None and client is not None and first is not None
+        ex.outcome.ttft = ex.outcome.elapsed()
+        await ex.start_stream()
+        await _relay(call, client, first, upstream, deadline)
+    except asyncio.CancelledError:
+        if not ex.disconnected:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        ex.interruptible = False
+        if upstream is not None:
+            await upstream.aclose()
+            upstream = None
+        await call.charge_disconnected()
+    finally:
+        ex.interruptible = False
+        watcher.cancel()
+        if counted is not None:
+            # The balancer learns a stream's time to its first event (from the request's start).
+            routing.release(counted, latency=ex.outcome.ttft)
+        if upstream is not None:
+            await upstream.aclose()
+        await call.release("internal_error")  # only if something above raised unexpectedly
+
+
+async def _next_event(upstream: WorkerStream, client: WorkerClient, deadline: float) -> bytes | None:
+    """The next data event, within the worker's read timeout and the stream's total deadline."""
+    loop = asyncio.get_running_loop()
+    idle = client.idle_timeout
+    by_idle = loop.time() + idle
+    try:
+        async with asyncio.timeout_at(min(by_idle, deadline)):
+            payload: bytes | None = await anext(upstream.payloads, None)
+            return payload
+    except TimeoutError:
+        what = "ran past its total timeout" if deadline <= by_idle else f"sent no data event for {idle:g} s"
+        raise UpstreamTimeout(f"the worker {what}; nothing was charged") from None
+
+
+async def _relay(call: BilledCall, client: WorkerClient, first: bytes, upstream: WorkerStream, deadline: float) -> None:
+    """Forward each upstream event as it arrives; settle on the usage event's authority; end with [DONE]."""
+    ex = call.ex
+    public_model = call.params.model
+    include_usage = call.params.include_usage
+    worker = client.worker
+    payload: bytes | None = first
+    try:
+        while payload is not None:
+            if payload == DONE:
+                break
+            try:
+                chunk = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                raise UpstreamError(
+                    "the worker sent an event that is not JSON", detail=payload[:200].decode()
+                ) from None
+            if not isinstance(chunk, dict) or "error" in chunk:
+                raise UpstreamError("the worker reported an error mid-stream", detail=payload[:500].decode())
+            usage = usage_from(chunk.get("usage"))
+            if usage is not None:
+                call.usage = usage
+            choices = chunk.get("choices")
+            if choices or include_usage:
+                chunk["model"] = public_model
+                if not include_usage:
+                    chunk.pop("usage", None)
+                if ex.disconnected:
+                    raise asyncio.CancelledError
+                await ex.send_chunk(b"data: " + orjson.dumps(chunk) + b"\n\n")
+                if choices and _has_content(choices[0]):
+                    call.delivered_chunks += 1
+            payload = await _next_event(upstream, client, deadline)
+        if call.usage is None:
+            raise RuntimeUsageUnavailable("the worker's stream ended without usage; nothing was charged")
+    except WorkerError as error:
+        ex.interruptible = False
+        await upstream.aclose()
+        try:
+            await worker_failed(call, client, error, attempt=None)
+        except GatewayError as failure:
+            # The 200 is already sent: the error goes in the stream, and the record keeps the real status.
+            ex.outcome.status, ex.outcome.error_code = failure.status, failure.code
+            await ex.end_stream(b"data: " + orjson.dumps(failure.body()) + b"\n\n")
+        return
+    ex.interruptible = False
+    await routing.record_success(worker.worker_id)
+    await call.settle(call.usage)
+    await ex.end_stream(b"data: [DONE]\n\n")
+    # Read the upstream body to its end (after [DONE] only the chunked terminator is left): a response
+    # closed before its end takes its connection down with it, and the next stream would open a new one.
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1):
+            async for _ in upstream.payloads:
+                pass
+
+
+def _has_content(choice: Any) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return bool(delta.get("content") or delta.get("tool_calls") or delta.get("function_call"))
+    return bool(choice.get("text"))
