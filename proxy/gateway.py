@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: the request path, in the order docs/interface.md gives.
+"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: the request path, in the documented order.
 
 parse and validate -> authenticate -> scope, model, allow-list -> rate limits
 -> select workers by capability (streaming support) -> reserve -> forward (one retry on another worker
