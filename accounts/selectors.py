@@ -136,3 +136,8 @@ def invitations_pending(*, account: Account) -> QuerySet[Invitation]:
     return Invitation.objects.filter(
         account=account, accepted_at__isnull=True, revoked_at__isnull=True, expires_at__gt=timezone.now()
     ).order_by("-created_at")
+
+
+def membership_account_id(*, user_id: int) -> int | None:
+    """The account a user is a member of now, or None (removed)."""
+    return Membership.objects.filter(user_id=user_id).values_list("account_id", flat=True).first()

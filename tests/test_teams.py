@@ -429,3 +429,46 @@ def test_the_admin_manages_members_through_the_inline_with_audit(team, admin_cli
     assert AuditLog.objects.get(action="member.role", detail__via="admin").detail["email"] == "viewer@example.com"
     page = admin_client.get("/admin/accounts/invitation/")
     assert page.status_code == 200 and "later@example.com" in page.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_removed_member_open_live_feed_is_closed():
+    import asyncio
+    import uuid
+
+    from asgiref.sync import async_to_sync
+    from channels.db import database_sync_to_async
+    from channels.testing import WebsocketCommunicator
+
+    from accounts.services import member_remove
+    from billing.services import credits_reserve, reservation_settle
+    from core.outcome import RequestOutcome
+    from speedinfer.asgi import application
+
+    model = make_model(model_id="acme/live-team")
+    account = make_account(name=f"live-team-{uuid.uuid4().hex[:6]}", credits=10)
+    account_user_create(account=account, email="boss@live-team.example", password=PASSWORD)
+    member = make_member(account=account, email="dev@live-team.example", role="developer", password=PASSWORD)
+    client = Client()
+    assert client.login(username="dev@live-team.example", password=PASSWORD)
+    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
+
+    def settle(request_id: str) -> None:
+        reservation = credits_reserve(account_id=account.pk, amount=MICRO, model=model, request_id=request_id)
+        reservation_settle(
+            reservation_id=reservation.pk,
+            prompt_tokens=10,
+            completion_tokens=5,
+            outcome=RequestOutcome(request_id="", worker_id="w1", latency=0.01),
+        )
+
+    async def scenario() -> None:
+        socket = WebsocketCommunicator(application, "/ws/usage/", headers=[(b"cookie", cookie)])
+        assert (await socket.connect())[0]
+        await database_sync_to_async(member_remove)(membership=member.membership, actor="test")
+        await asyncio.sleep(1.1)  # past the once-a-second membership re-read
+        await database_sync_to_async(settle)(f"gone-{uuid.uuid4().hex}")
+        closed = await socket.receive_output(timeout=5)
+        assert closed == {"type": "websocket.close", "code": 4403}
+
+    async_to_sync(scenario)()
