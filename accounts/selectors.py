@@ -141,3 +141,9 @@ def invitations_pending(*, account: Account) -> QuerySet[Invitation]:
 def membership_account_id(*, user_id: int) -> int | None:
     """The account a user is a member of now, or None (removed)."""
     return Membership.objects.filter(user_id=user_id).values_list("account_id", flat=True).first()
+
+
+def owner_emails(*, account: Account) -> list[str]:
+    """Where the account's own mail (alerts) goes: its owners' addresses."""
+    rows = Membership.objects.filter(account=account, role="owner").select_related("user").order_by("created_at")
+    return [m.user.email or m.user.get_username() for m in rows]

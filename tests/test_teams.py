@@ -472,3 +472,10 @@ def test_a_removed_member_open_live_feed_is_closed():
         assert closed == {"type": "websocket.close", "code": 4403}
 
     async_to_sync(scenario)()
+
+
+def test_owner_emails_names_only_the_owners(team):
+    from accounts.selectors import owner_emails
+
+    make_member(account=team["account"], email="second-owner@example.com", role="owner")
+    assert owner_emails(account=team["account"]) == ["owner@example.com", "second-owner@example.com"]
