@@ -42,15 +42,83 @@ class Account(models.Model):
         return self.name
 
 
+class Role(models.TextChoices):
+    OWNER = "owner", "Owner"
+    DEVELOPER = "developer", "Developer"
+    VIEWER = "viewer", "Viewer"
+
+
+# What each role may do on the dashboard; the views name the power they need.
+POWER_USAGE = "usage"  # the overview, usage, its CSV, the model list
+POWER_KEYS = "keys"  # create and revoke API keys
+POWER_BUDGETS = "budgets"  # set a key's monthly budget
+POWER_MEMBERS = "members"  # invite, change roles, remove members
+ROLE_POWERS: dict[str, frozenset[str]] = {
+    Role.OWNER: frozenset({POWER_USAGE, POWER_KEYS, POWER_BUDGETS, POWER_MEMBERS}),
+    Role.DEVELOPER: frozenset({POWER_USAGE, POWER_KEYS}),
+    Role.VIEWER: frozenset({POWER_USAGE}),
+}
+
+
 class Membership(models.Model):
-    """Links a dashboard user to the one account they may see."""
+    """Links a dashboard user to the one account (team) they may see, with their role in it."""
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership")
     account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
     created_at = models.DateTimeField(default=timezone.now)
 
+    class Meta:
+        ordering = ["created_at", "pk"]
+
     def __str__(self) -> str:
-        return f"{self.user} @ {self.account}"
+        return f"{self.user} @ {self.account} ({self.role})"
+
+    def can(self, power: str) -> bool:
+        return power in ROLE_POWERS.get(self.role, frozenset())
+
+    @property
+    def can_manage_keys(self) -> bool:
+        return self.can(POWER_KEYS)
+
+    @property
+    def can_set_budgets(self) -> bool:
+        return self.can(POWER_BUDGETS)
+
+    @property
+    def can_manage_members(self) -> bool:
+        return self.can(POWER_MEMBERS)
+
+
+class Invitation(models.Model):
+    """An emailed invitation to join an account. The link is signed (django.core.signing) and carries
+    a nonce whose digest is stored here; it expires at `expires_at` and is claimed once (`accepted_at`)."""
+
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    nonce_digest = models.CharField(max_length=64, unique=True)
+    invited_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.email} to {self.account} ({self.role})"
+
+    @property
+    def state(self) -> str:
+        if self.accepted_at:
+            return "accepted"
+        if self.revoked_at:
+            return "revoked"
+        if self.expires_at <= timezone.now():
+            return "expired"
+        return "pending"
 
 
 class ApiKey(models.Model):

@@ -10,7 +10,7 @@ from django.utils import timezone
 from accounts import key_cache
 from accounts.key_cache import KeyInfo
 from accounts.keys import digests_match, key_digest, split_lookup
-from accounts.models import Account, ApiKey
+from accounts.models import Account, ApiKey, Invitation, Membership
 from core.db import db_call
 
 
@@ -105,3 +105,45 @@ def api_key_resolve(*, ref: str) -> ApiKey | None:
 
 def api_keys_for_account(*, account: Account) -> QuerySet[ApiKey]:
     return ApiKey.objects.filter(account=account).order_by("-created_at")
+
+
+def membership_for_user(*, user: object) -> Membership | None:
+    """The signed-in user's membership (account and role), read on every dashboard request so
+    that a removed member or a changed role takes effect on their very next request."""
+    user_id = getattr(user, "pk", None)
+    if not getattr(user, "is_authenticated", False) or user_id is None:
+        return None
+    return Membership.objects.select_related("account", "user").filter(user_id=user_id).first()
+
+
+def members_of_account(*, account: Account) -> QuerySet[Membership]:
+    return Membership.objects.filter(account=account).select_related("user").order_by("created_at", "pk")
+
+
+def membership_in_account(*, account: Account, membership_id: int) -> Membership | None:
+    return Membership.objects.select_related("user", "account").filter(account=account, pk=membership_id).first()
+
+
+def membership_by_email(*, account: Account, email: str) -> Membership | None:
+    return (
+        Membership.objects.select_related("user", "account")
+        .filter(account=account, user__username=email.strip().lower())
+        .first()
+    )
+
+
+def invitations_pending(*, account: Account) -> QuerySet[Invitation]:
+    return Invitation.objects.filter(
+        account=account, accepted_at__isnull=True, revoked_at__isnull=True, expires_at__gt=timezone.now()
+    ).order_by("-created_at")
+
+
+def membership_account_id(*, user_id: int) -> int | None:
+    """The account a user is a member of now, or None (removed)."""
+    return Membership.objects.filter(user_id=user_id).values_list("account_id", flat=True).first()
+
+
+def owner_emails(*, account: Account) -> list[str]:
+    """Where the account's own mail (alerts) goes: its owners' addresses."""
+    rows = Membership.objects.filter(account=account, role="owner").select_related("user").order_by("created_at")
+    return [m.user.email or m.user.get_username() for m in rows]

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from accounts import key_cache
 from accounts.keys import generate_key, key_digest
-from accounts.models import DEFAULT_SCOPES, SCOPES, Account, ApiKey, Membership
+from accounts.models import DEFAULT_SCOPES, SCOPES, Account, ApiKey, Invitation, Membership, Role
 from catalog.models import PublicModel
 from core.audit import audit_record
 from core.credits import format_credits
@@ -76,7 +76,8 @@ def account_user_create(*, account: Account, email: str, password: str) -> Abstr
         raise ValidationError({"password": "must not be empty"})
     with transaction.atomic():
         user = user_model.objects.create_user(username=email, email=email, password=password)
-        Membership.objects.create(user=user, account=account)
+        # The account's first login (createaccount --owner, the admin's add form) owns it.
+        Membership.objects.create(user=user, account=account, role=Role.OWNER)
     return user
 
 
@@ -234,3 +235,282 @@ def api_key_update(
         _audit(actor, "key.update", api_key, via=via, changed=changed, scopes=clean_scopes, models=wanted)
     key_cache.forget(api_key.digest)
     return api_key
+
+
+# Teams: members, roles and invitations. Every change is audited in its own transaction.
+
+INVITATION_TTL = timedelta(days=7)
+_INVITATION_SALT = "accounts.invitation"
+
+
+@dataclass(frozen=True)
+class MemberChange:
+    membership: Membership
+    user_created: bool
+    role_before: str | None  # None: the user was not a member before
+
+
+@dataclass(frozen=True)
+class CreatedInvitation:
+    invitation: Invitation
+    token: str  # goes into the emailed link only; the row keeps a digest of its nonce
+
+
+def _clean_email(email: str) -> str:
+    from django.core.validators import validate_email
+
+    email = (email or "").strip().lower()
+    try:
+        validate_email(email)
+    except ValidationError:
+        raise ValidationError({"email": f"not an email address: {email!r}"}) from None
+    return email
+
+
+def _clean_role(role: str) -> str:
+    if role not in Role.values:
+        raise ValidationError({"role": f"unknown role {role!r}; choose from {', '.join(Role.values)}"})
+    return role
+
+
+def _refuse_last_owner(*, membership: Membership, what: str) -> None:
+    """An account always keeps an owner: someone must be able to manage its members and budgets.
+    Call it with the account's owner rows locked, so two concurrent removals cannot both pass."""
+    if membership.role != Role.OWNER:
+        return
+    owners = list(Membership.objects.select_for_update().filter(account_id=membership.account_id, role=Role.OWNER))
+    if not any(o.pk != membership.pk for o in owners):
+        raise ValidationError({"email": f"{membership.user.get_username()} is the account's last owner; {what}"})
+
+
+def member_add(
+    *, account: Account, email: str, role: str, password: str = "", actor: object = "", via: str = ""
+) -> MemberChange:
+    """Add a member with a dashboard login at `email`, or change an existing member's role.
+
+    A new user gets `password`; an existing user keeps theirs. A login belongs to one account:
+    a member of another account is refused.
+    """
+    email = _clean_email(email)
+    role = _clean_role(role)
+    user_model = get_user_model()
+    with transaction.atomic():
+        user = user_model.objects.filter(username=email).first()
+        created = user is None
+        before: str | None = None
+        if user is None:
+            if not password:
+                raise ValidationError({"password": "must not be empty for a new user"})
+            user = user_model.objects.create_user(username=email, email=email, password=password)
+            membership = Membership.objects.create(user=user, account=account, role=role)
+        else:
+            membership = Membership.objects.select_for_update().filter(user=user).first()  # type: ignore[assignment]
+            if membership is not None and membership.account_id != account.pk:
+                raise ValidationError({"email": f"{email} is a member of another account"})
+            if membership is None:
+                membership = Membership.objects.create(user=user, account=account, role=role)
+            elif membership.role != role:
+                before = membership.role
+                _refuse_last_owner(membership=membership, what="make another member an owner first")
+                membership.role = role
+                membership.save(update_fields=["role"])
+            else:
+                before = role
+        if before is None:
+            _audit(actor, "member.add", account, via=via, email=email, role=role)
+        elif before != role:
+            _audit(actor, "member.role", account, via=via, email=email, role=role, role_before=before)
+    return MemberChange(membership=membership, user_created=created, role_before=before)
+
+
+def member_set_role(*, membership: Membership, role: str, actor: object = "", via: str = "") -> Membership:
+    role = _clean_role(role)
+    with transaction.atomic():
+        # The stored role, not the instance's (a bound admin form has already changed the instance).
+        current = Membership.objects.select_for_update().select_related("user").get(pk=membership.pk)
+        before = current.role
+        if before == role:
+            membership.role = role
+            return membership
+        _refuse_last_owner(membership=current, what="make another member an owner first")
+        Membership.objects.filter(pk=membership.pk).update(role=role)
+        membership.role = role
+        _audit(
+            actor,
+            "member.role",
+            membership.account,
+            via=via,
+            email=membership.user.get_username(),
+            role=role,
+            role_before=before,
+        )
+    return membership
+
+
+def member_remove(*, membership: Membership, actor: object = "", via: str = "") -> None:
+    """Remove a member. The dashboard checks membership on every request, so their open sessions
+    stop working at once; they are also deleted, so nothing of them lingers."""
+    user = membership.user
+    with transaction.atomic():
+        _refuse_last_owner(membership=membership, what="make another member an owner before removing it")
+        Membership.objects.filter(pk=membership.pk).delete()
+        _audit(actor, "member.remove", membership.account, via=via, email=user.get_username(), role=membership.role)
+    _sessions_delete(user_id=user.pk)
+
+
+def _sessions_delete(*, user_id: Any) -> int:
+    """Delete a user's stored sessions. Django keeps no index from user to session, so the unexpired
+    ones are decoded; this runs only when a member is removed. Other session engines are covered by
+    the per-request membership check alone."""
+    from django.conf import settings
+    from django.contrib.auth import SESSION_KEY
+    from django.contrib.sessions.models import Session
+
+    if settings.SESSION_ENGINE not in (
+        "django.contrib.sessions.backends.db",
+        "django.contrib.sessions.backends.cached_db",
+    ):
+        return 0
+    from importlib import import_module
+
+    store = import_module(settings.SESSION_ENGINE).SessionStore
+    deleted = 0
+    for session in Session.objects.filter(expire_date__gt=timezone.now()).iterator():
+        if str(session.get_decoded().get(SESSION_KEY)) == str(user_id):
+            store(session_key=session.session_key).delete()
+            deleted += 1
+    return deleted
+
+
+def _nonce_digest(nonce: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(nonce.encode()).hexdigest()
+
+
+def invitation_create(
+    *, account: Account, email: str, role: str, actor: object = "", via: str = ""
+) -> CreatedInvitation:
+    import secrets
+
+    from django.core import signing
+
+    from core.audit import actor_name
+
+    email = _clean_email(email)
+    role = _clean_role(role)
+    existing = Membership.objects.filter(user__username=email).select_related("account").first()
+    if existing is not None:
+        where = "this account" if existing.account_id == account.pk else "another account"
+        raise ValidationError({"email": f"{email} is already a member of {where}"})
+    nonce = secrets.token_urlsafe(24)
+    with transaction.atomic():
+        invitation = Invitation.objects.create(
+            account=account,
+            email=email,
+            role=role,
+            nonce_digest=_nonce_digest(nonce),
+            invited_by=actor_name(actor),
+            expires_at=timezone.now() + INVITATION_TTL,
+        )
+        _audit(actor, "member.invite", account, via=via, email=email, role=role)
+    token = signing.dumps({"i": invitation.pk, "n": nonce}, salt=_INVITATION_SALT, compress=True)
+    return CreatedInvitation(invitation=invitation, token=token)
+
+
+def invitation_send(*, invitation: Invitation, accept_url: str) -> None:
+    """Mail the link through Django's email backend (console in the embedded default, SMTP at
+    EMAIL_HOST/EMAIL_PORT when set). Called after the invitation's transaction committed."""
+    from django.core.mail import send_mail
+
+    days = INVITATION_TTL.days
+    body = (
+        f"You are invited to join {invitation.account.name} on SpeedInfer as a {invitation.role}.\n\n"
+        f"Accept the invitation and set your password here (the link works once, for {days} days):\n"
+        f"{accept_url}\n\nIf you did not expect this, ignore this email.\n"
+    )
+    send_mail(
+        subject=f"Join {invitation.account.name} on SpeedInfer",
+        message=body,
+        from_email=None,
+        recipient_list=[invitation.email],
+    )
+
+
+class InvitationInvalid(Exception):
+    """A link that is malformed, forged, expired, revoked or already used; the message says which."""
+
+
+def invitation_from_token(*, token: str) -> Invitation:
+    from django.core import signing
+
+    try:
+        payload = signing.loads(token, salt=_INVITATION_SALT, max_age=INVITATION_TTL)
+        invitation_id, nonce = int(payload["i"]), str(payload["n"])
+    except signing.SignatureExpired:
+        raise InvitationInvalid("This invitation has expired. Ask the account's owner for a new one.") from None
+    except (signing.BadSignature, KeyError, TypeError, ValueError):
+        raise InvitationInvalid("This invitation link is not valid.") from None
+    invitation = Invitation.objects.select_related("account").filter(pk=invitation_id).first()
+    if invitation is None or not _digests_equal(invitation.nonce_digest, _nonce_digest(nonce)):
+        raise InvitationInvalid("This invitation link is not valid.")
+    state = invitation.state
+    if state == "accepted":
+        raise InvitationInvalid("This invitation has already been used. Sign in instead.")
+    if state == "revoked":
+        raise InvitationInvalid("This invitation was withdrawn. Ask the account's owner for a new one.")
+    if state == "expired":
+        raise InvitationInvalid("This invitation has expired. Ask the account's owner for a new one.")
+    return invitation
+
+
+def _digests_equal(a: str, b: str) -> bool:
+    import hmac
+
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def invitation_accept(*, token: str, password: str) -> Membership:
+    """Claim the invitation once and create the membership; a new user gets `password`, an existing
+    user must give their current one. Raises InvitationInvalid or ValidationError({"password": ...})."""
+    invitation = invitation_from_token(token=token)
+    user_model = get_user_model()
+    with transaction.atomic():
+        # The conditional update is the single-use guard: of two concurrent accepts one claims the row.
+        claimed = Invitation.objects.filter(
+            pk=invitation.pk, accepted_at__isnull=True, revoked_at__isnull=True, expires_at__gt=timezone.now()
+        ).update(accepted_at=timezone.now())
+        if not claimed:
+            raise InvitationInvalid("This invitation has already been used. Sign in instead.")
+        user = user_model.objects.filter(username=invitation.email).first()
+        if user is None:
+            if not password:
+                raise ValidationError({"password": "must not be empty"})
+            from django.contrib.auth.password_validation import validate_password
+
+            validate_password(password, user=user_model(username=invitation.email, email=invitation.email))
+            user = user_model.objects.create_user(username=invitation.email, email=invitation.email, password=password)
+        elif not user.check_password(password):
+            raise ValidationError({"password": "not this user's password"})
+        if Membership.objects.filter(user=user).exists():
+            raise InvitationInvalid("You are already a member of an account; one login belongs to one account.")
+        membership = Membership.objects.create(user=user, account=invitation.account, role=invitation.role)
+        _audit(
+            f"invitation:{invitation.email}",
+            "member.add",
+            invitation.account,
+            via="invitation",
+            email=invitation.email,
+            role=invitation.role,
+            invited_by=invitation.invited_by,
+        )
+    return membership
+
+
+def invitation_revoke(*, invitation: Invitation, actor: object = "", via: str = "") -> None:
+    with transaction.atomic():
+        revoked = Invitation.objects.filter(pk=invitation.pk, accepted_at__isnull=True, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        if revoked:
+            _audit(actor, "member.invite_revoke", invitation.account, via=via, email=invitation.email)

@@ -17,6 +17,8 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.http.response import HttpResponseBase
 from django.urls import URLPattern, path
 
+from console.dashboard.members import accept as invitation_accept
+
 
 def _reset_view(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
     def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
@@ -48,6 +50,7 @@ class _PublicUrlPasswordReset(auth_views.PasswordResetView):
 
 
 urlpatterns: list[URLPattern] = [
+    path("invite/<str:token>/", invitation_accept, name="invitation_accept"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("password_change/", auth_views.PasswordChangeView.as_view(), name="password_change"),

@@ -9,6 +9,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from accounts.selectors import membership_account_id
 from console import live
 from console.dashboard.selectors import account_for_user, summary_event
 from console.live import usage_group
@@ -22,6 +23,8 @@ class UsageConsumer(AsyncJsonWebsocketConsumer):
     group: str | None = None
     account_id: int | None = None
     _summary_at = float("-inf")
+    _member_checked_at = float("-inf")
+    user_id: Any = None
     _trailing: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
@@ -35,6 +38,8 @@ class UsageConsumer(AsyncJsonWebsocketConsumer):
         self.group = usage_group(account.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         self.account_id = account.pk
+        self.user_id = user.pk
+        self._member_checked_at = time.monotonic()
         await live.watch(account.pk)
         await self.accept()
 
@@ -50,7 +55,19 @@ class UsageConsumer(AsyncJsonWebsocketConsumer):
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """Clients have nothing to say; ignore whatever they send."""
 
+    async def _still_member(self) -> bool:
+        """A member removed from the account stops getting its feed: the membership is read again
+        at most once a second while events flow (the same pace as the summary query)."""
+        if time.monotonic() - self._member_checked_at < SUMMARY_INTERVAL:
+            return True
+        self._member_checked_at = time.monotonic()
+        account = await database_sync_to_async(membership_account_id)(user_id=self.user_id)
+        return account == self.account_id
+
     async def usage_record(self, event: dict[str, Any]) -> None:
+        if not await self._still_member():
+            await self.close(code=4403)
+            return
         message: dict[str, Any] = {"type": "usage", "usage": event["usage"]}
         # The overview cards follow too, at most once a second per socket: a burst of requests costs
         # one summary query a second, and a trailing one brings the cards to the burst's end.

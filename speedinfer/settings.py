@@ -232,6 +232,14 @@ EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
 EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "webmaster@localhost")
+# Invitations (and alerts) go through Django's email backend: SMTP at EMAIL_HOST/EMAIL_PORT when
+# EMAIL_HOST is set or in production; the embedded default prints them on the console instead.
+EMAIL_BACKEND = env_str(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.console.EmailBackend"
+    if EMBEDDED and not env_str("EMAIL_HOST")
+    else "django.core.mail.backends.smtp.EmailBackend",
+)
 if SPEEDINFER_PASSWORD_RESET and not (SPEEDINFER_PUBLIC_URL and env_str("EMAIL_HOST")):
     raise ImproperlyConfigured("SPEEDINFER_PASSWORD_RESET=1 needs SPEEDINFER_PUBLIC_URL and EMAIL_HOST")
 

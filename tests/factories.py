@@ -24,6 +24,13 @@ def make_account(*, name: str | None = None, credits: int = 0) -> Account:
     return account
 
 
+def make_member(*, account: Account, email: str | None = None, role: str = "owner", password: str = "pw-" + "x" * 12):
+    """A dashboard login that is a member of `account` with `role`."""
+    from accounts.services import member_add
+
+    return member_add(account=account, email=email or f"member-{next(_seq)}@example.com", role=role, password=password)
+
+
 def make_model(
     *, model_id: str = "acme/model-1", input_price: int = 1 * MICRO, output_price: int = 2 * MICRO, **kwargs: Any
 ) -> PublicModel:

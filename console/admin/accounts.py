@@ -24,7 +24,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from accounts.models import DEFAULT_SCOPES, SCOPES, Account, ApiKey, Membership
+from accounts.models import DEFAULT_SCOPES, SCOPES, Account, ApiKey, Invitation, Membership
 from accounts.services import (
     account_ceilings_set,
     account_create,
@@ -33,6 +33,10 @@ from accounts.services import (
     api_key_revoke,
     api_key_set_budget,
     api_key_update,
+    invitation_revoke,
+    member_add,
+    member_remove,
+    member_set_role,
 )
 from billing.ledger_sql import month_start
 from billing.models import KeySpend
@@ -99,11 +103,39 @@ class AccountAddForm(forms.ModelForm):
 
 
 class MembershipInline(admin.TabularInline):
+    """The account's members and roles. Saved through accounts.services (audited, last owner kept)."""
+
     model = Membership
     extra = 0
-    fields = ("user", "created_at")
+    fields = ("user", "role", "created_at")
     readonly_fields = ("created_at",)
     raw_id_fields = ("user",)
+
+
+def save_membership_formset(request: HttpRequest, account: Account, formset: Any) -> None:
+    """Adds, role changes and removals from the inline, each through its service."""
+    # What the admin's change message reads (ModelFormSet.save() would have set these).
+    formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+    for form in formset.deleted_forms:
+        if form.instance.pk:
+            member_remove(membership=form.instance, actor=request.user, via="admin")
+            formset.deleted_objects.append(form.instance)
+    for form in formset.forms:
+        if form in formset.deleted_forms or not form.has_changed():
+            continue
+        membership: Membership = form.instance
+        if membership.pk is None:
+            change = member_add(
+                account=account,
+                email=membership.user.get_username(),
+                role=form.cleaned_data["role"],
+                actor=request.user,
+                via="admin",
+            )
+            formset.new_objects.append(change.membership)
+        else:
+            member_set_role(membership=membership, role=form.cleaned_data["role"], actor=request.user, via="admin")
+            formset.changed_objects.append((membership, form.changed_data))
 
 
 @admin.register(Account)
@@ -172,6 +204,16 @@ class AccountAdmin(admin.ModelAdmin):
         obj.created_at = created.created_at
         if email:
             messages.info(request, f"The owner {email} can now sign in to the dashboard at /accounts/login/.")
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        if formset.model is Membership:
+            try:
+                with transaction.atomic():
+                    save_membership_formset(request, form.instance, formset)
+            except ValidationError as exc:
+                messages.error(request, "; ".join(exc.messages))
+            return
+        super().save_formset(request, form, formset, change)
 
     def get_urls(self) -> list[URLPattern]:
         custom = [
@@ -484,6 +526,35 @@ class ApiKeyAdmin(admin.ModelAdmin):
             api_key_revoke(api_key=api_key, actor=request.user, via="admin")
             revoked += 1
         messages.success(request, f"Revoked {revoked} key(s).")
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    """Invitations are sent from the dashboard (owners); staff see them and may withdraw them."""
+
+    list_display = ("email", "account", "role", "state", "invited_by", "created_at", "expires_at", "accepted_at")
+    list_select_related = ("account",)
+    list_filter = ("role",)
+    search_fields = ("email", "account__name")
+    fields = ("account", "email", "role", "invited_by", "created_at", "expires_at", "accepted_at", "revoked_at")
+    readonly_fields = fields
+    actions = ["withdraw"]
+
+    @admin.display(description="State")
+    def state(self, obj: Invitation) -> str:
+        return obj.state
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Invitation | None = None) -> bool:
+        return False
+
+    @admin.action(description="Withdraw the selected invitations", permissions=["change"])
+    def withdraw(self, request: HttpRequest, queryset: QuerySet[Invitation]) -> None:
+        for invitation in queryset.select_related("account"):
+            invitation_revoke(invitation=invitation, actor=request.user, via="admin")
+        messages.success(request, "Withdrew the selected pending invitations.")
 
 
 @admin.register(AuditLog)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from console.dashboard import views
+from console.dashboard import members, views
 
 app_name = "dashboard"
 
@@ -15,4 +15,8 @@ urlpatterns = [
     path("keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
     path("keys/<int:key_id>/budget/", views.key_budget, name="key_budget"),
     path("models/", views.models, name="models"),
+    path("members/", members.members, name="members"),
+    path("members/<int:membership_id>/role/", members.member_role, name="member_role"),
+    path("members/<int:membership_id>/remove/", members.member_remove_view, name="member_remove"),
+    path("members/invitations/<int:invitation_id>/revoke/", members.invitation_revoke_view, name="invitation_revoke"),
 ]

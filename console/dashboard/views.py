@@ -15,11 +15,11 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from accounts.models import Account, ApiKey
+from accounts.models import POWER_BUDGETS, POWER_KEYS, POWER_USAGE, Account, ApiKey
+from accounts.selectors import membership_for_user
 from accounts.services import api_key_create, api_key_revoke, api_key_set_budget
 from console.dashboard.forms import ApiKeyCreateForm, KeyBudgetForm, UsageRangeForm
 from console.dashboard.selectors import (
-    account_for_user,
     api_keys_with_spend,
     dashboard_summary,
     models_for_customers,
@@ -35,19 +35,33 @@ RECENT_ROWS = 50
 R = TypeVar("R", bound=HttpResponse | StreamingHttpResponse)
 
 
+def member_view(power: str) -> Callable[[Callable[..., R]], Callable[..., R | HttpResponse]]:
+    """Sign-in required, then the signed-in member's own account as the view's second argument, when
+    their role has `power` (accounts.models.ROLE_POWERS); otherwise 403. A user with no account (staff,
+    say, or a member just removed) gets the 403 "no account" page. The membership is read on every
+    request, so a removal or a role change applies to the member's very next request."""
+
+    def decorate(view: Callable[..., R]) -> Callable[..., R | HttpResponse]:
+        @login_required
+        @functools.wraps(view)
+        def with_account(request: HttpRequest, *args: Any, **kwargs: Any) -> R | HttpResponse:
+            membership = membership_for_user(user=request.user)
+            if membership is None:
+                return render(request, "dashboard/no_account.html", status=403)
+            request.membership = membership  # type: ignore[attr-defined]  # for the templates' nav and buttons
+            if not membership.can(power):
+                context = {"account": membership.account, "membership": membership, "power": power}
+                return render(request, "dashboard/forbidden.html", context, status=403)
+            return view(request, membership.account, *args, **kwargs)
+
+        return with_account
+
+    return decorate
+
+
 def customer_view(view: Callable[..., R]) -> Callable[..., R | HttpResponse]:
-    """Sign-in required, then the signed-in customer's own account as the view's second argument; a
-    user with no account (staff, say) gets the 403 "no account" page. Every dashboard view is one."""
-
-    @login_required
-    @functools.wraps(view)
-    def with_account(request: HttpRequest, *args: Any, **kwargs: Any) -> R | HttpResponse:
-        account = account_for_user(user=request.user)
-        if account is None:
-            return render(request, "dashboard/no_account.html", status=403)
-        return view(request, account, *args, **kwargs)
-
-    return with_account
+    """A page every member may see (usage); see member_view."""
+    return member_view(POWER_USAGE)(view)
 
 
 @require_GET
@@ -155,9 +169,14 @@ def usage_csv(request: HttpRequest, account: Account) -> HttpResponse | Streamin
     return response
 
 
-@customer_view
+@member_view(POWER_KEYS)
 def keys(request: HttpRequest, account: Account) -> HttpResponse:
+    may_budget = request.membership.can(POWER_BUDGETS)  # type: ignore[attr-defined]
+    if request.method == "POST" and not may_budget and (request.POST.get("budget") or "").strip():
+        return _forbidden(request, account, POWER_BUDGETS)
     form = ApiKeyCreateForm(request.POST or None)
+    if not may_budget:
+        form.fields.pop("budget")
     if request.method == "POST" and form.is_valid():
         try:
             created = api_key_create(
@@ -166,7 +185,7 @@ def keys(request: HttpRequest, account: Account) -> HttpResponse:
                 scopes=form.cleaned_data["scopes"],
                 allowed_models=form.cleaned_data["allowed_models"],
                 expires_at=form.cleaned_data["expires"],
-                monthly_budget=form.cleaned_data["budget"],
+                monthly_budget=form.cleaned_data.get("budget"),
                 actor=request.user,
                 via="dashboard",
             )
@@ -186,8 +205,13 @@ def keys(request: HttpRequest, account: Account) -> HttpResponse:
 _CREATED_SESSION_KEY = "dashboard_created_key"
 
 
+def _forbidden(request: HttpRequest, account: Account, power: str) -> HttpResponse:
+    context = {"account": account, "membership": request.membership, "power": power}  # type: ignore[attr-defined]
+    return render(request, "dashboard/forbidden.html", context, status=403)
+
+
 @require_GET
-@customer_view
+@member_view(POWER_KEYS)
 def key_created(request: HttpRequest, account: Account) -> HttpResponse:
     shown = request.session.pop(_CREATED_SESSION_KEY, None)
     api_key = ApiKey.objects.filter(pk=shown["key_id"], account=account).first() if shown else None
@@ -203,7 +227,7 @@ def key_created(request: HttpRequest, account: Account) -> HttpResponse:
 
 
 @require_POST
-@customer_view
+@member_view(POWER_BUDGETS)
 def key_budget(request: HttpRequest, account: Account, key_id: int) -> HttpResponse:
     api_key = get_object_or_404(ApiKey, pk=key_id, account=account)
     form = KeyBudgetForm(request.POST)
@@ -224,7 +248,7 @@ def models(request: HttpRequest, account: Account) -> HttpResponse:
 
 
 @require_POST
-@customer_view
+@member_view(POWER_KEYS)
 def key_revoke(request: HttpRequest, account: Account, key_id: int) -> HttpResponse:
     api_key = get_object_or_404(ApiKey, pk=key_id, account=account)
     if api_key.revoked_at is None:
