@@ -4,6 +4,7 @@ and the fleet's Redis keys, which must not grow with gateway restarts."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -18,7 +19,9 @@ from typing import Any
 import httpx
 import pytest
 from django.conf import settings
+from django.test import Client
 
+from accounts.services import account_user_create
 from devtools.simulator import SimulatorThread
 from tests.factories import make_account, make_key, make_model
 from tests.servers import register_worker
@@ -51,7 +54,8 @@ def served(subprocess_env: dict[str, str], tmp_path: Path) -> Iterator[Any]:
     """A simulator worker, a key with credits, and a function that starts `manage.py serve` on a free port."""
     simulator = SimulatorThread().start()
     make_model(model_id=MODEL, max_output_tokens=64)
-    secret = make_key(account=make_account(name="serve", credits=1000)).secret
+    account = make_account(name="serve", credits=1000)
+    secret = make_key(account=account).secret
     register_worker(simulator.base_url)
     started: list[subprocess.Popen[bytes]] = []
 
@@ -80,6 +84,7 @@ def served(subprocess_env: dict[str, str], tmp_path: Path) -> Iterator[Any]:
         raise AssertionError(f"serve did not answer /health:\n{log.read_text()[-3000:]}")
 
     serve.secret = secret  # type: ignore[attr-defined]
+    serve.account = account  # type: ignore[attr-defined]
     try:
         yield serve
     finally:
@@ -134,6 +139,29 @@ def test_serve_with_two_workers_serves_from_both_and_stops_cleanly(served):
     assert proc.wait(30) == 0, log.read_text()[-3000:]
     if settings.REDIS_URL:
         assert fleet_keys() == []
+
+
+def test_the_live_feed_websocket_works_under_serve(served):
+    """The dashboard's live feed (a WebSocket with the session cookie) through serve's HTTP server, and a
+    SIGTERM with the socket open still exits 0."""
+    from websockets.sync.client import connect
+
+    proc, base, log = served()
+    account_user_create(account=served.account, email="owner@example.com", password="correct horse battery")
+    client = Client()
+    assert client.login(username="owner@example.com", password="correct horse battery")
+    cookie = f"sessionid={client.cookies['sessionid'].value}"
+    ws_url = base.replace("http://", "ws://") + "/ws/usage/"
+    with connect(ws_url, additional_headers={"Cookie": cookie, "Origin": base}, open_timeout=10) as ws:
+        reply = chat(base, served.secret)
+        assert reply.status_code == 200, reply.text
+        deadline = time.monotonic() + 15
+        message: dict[str, Any] = {}
+        while time.monotonic() < deadline and message.get("usage", {}).get("model") != MODEL:
+            message = json.loads(ws.recv(timeout=deadline - time.monotonic()))  # another run's account 1: skipped
+        assert message["type"] == "usage" and message["usage"]["model"] == MODEL, message
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()[-3000:]
 
 
 def test_bad_serve_arguments_are_one_line_errors(subprocess_env):
