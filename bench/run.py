@@ -91,6 +91,21 @@ class Proc:
                 continue
         return total
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the process and its children have used: a per-request cost that a
+        busy machine distorts far less than wall-clock latency."""
+        pids = [self.popen.pid]
+        children = subprocess.run(["pgrep", "-P", str(self.popen.pid)], capture_output=True, text=True, check=False)
+        pids += [int(c) for c in children.stdout.split()]
+        ticks = 0
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                continue
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        return ticks / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)
@@ -667,9 +682,12 @@ def _bench_servers(
                             direct, gateway, body(directive=directive), rounds=args.rounds, per_round=args.per_round
                         )
                         print(f"   c1 upstream {latency} ms: {fmt_c1(section[f'c1_{latency}ms'])}", flush=True)
+                    cpu_before = gw.cpu_s()
                     section["c32_0ms"] = throughput(
                         direct, gateway, body(), seconds=args.wrk_seconds, rounds=args.wrk_rounds
                     )
+                    served = sum(r["requests"] for r in section["c32_0ms"]["runs"]["gateway"])
+                    section["c32_0ms"]["cpu_ms_per_request"] = (gw.cpu_s() - cpu_before) * 1000 / max(1, served)
                     print(f"   c32: {fmt_tp(section['c32_0ms'])}", flush=True)
                     if server == args.servers[0] and workers == args.workers[0]:
                         section["stream"] = streaming(
@@ -771,7 +789,10 @@ def bench_peers(args: argparse.Namespace, report: Report, env: dict[str, str], d
                 direct, target, body(directive=directive), rounds=args.rounds, per_round=args.per_round
             )
             print(f"   c1 upstream {latency} ms: {fmt_c1(section[f'c1_{latency}ms'])}", flush=True)
+        cpu_before = peer.cpu_s()
         section["c32_0ms"] = throughput(direct, target, body(), seconds=args.wrk_seconds, rounds=args.wrk_rounds)
+        served = sum(r["requests"] for r in section["c32_0ms"]["runs"]["gateway"])
+        section["c32_0ms"]["cpu_ms_per_request"] = (peer.cpu_s() - cpu_before) * 1000 / max(1, served)
         print(f"   c32: {fmt_tp(section['c32_0ms'])}", flush=True)
         checked = stream_check(target)
         section["stream_check"] = f"{checked} on Node.js {node}"
@@ -801,9 +822,10 @@ def fmt_c1(r: dict[str, Any]) -> str:
 
 
 def fmt_tp(r: dict[str, Any]) -> str:
+    cpu = f" | gateway CPU {r['cpu_ms_per_request']:.2f} ms/request" if "cpu_ms_per_request" in r else ""
     return (
         f"direct {r['direct_rps']:.0f} rps p99 {r['direct_p99_ms']:.1f} | gateway {r['gateway_rps']:.0f} rps "
-        f"p99 {r['gateway_p99_ms']:.1f} ms | gateway errors {r['gateway_errors']}"
+        f"p99 {r['gateway_p99_ms']:.1f} ms | gateway errors {r['gateway_errors']}{cpu}"
     )
 
 

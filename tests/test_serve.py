@@ -135,7 +135,13 @@ def test_serve_with_two_workers_serves_from_both_and_stops_cleanly(served):
     # Two processes listen: each child of the supervisor is a gateway process.
     children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert len(children) >= 2, children
-    proc.send_signal(signal.SIGTERM)
+    result: dict[str, Any] = {}
+    slow = threading.Thread(target=lambda: result.setdefault("reply", chat(base, served.secret, "[sim latency=2000]")))
+    slow.start()
+    time.sleep(0.7)
+    proc.send_signal(signal.SIGTERM)  # the supervisor stops both processes; the one with the request drains it
+    slow.join(30)
+    assert result["reply"].status_code == 200, result["reply"].text
     assert proc.wait(30) == 0, log.read_text()[-3000:]
     if settings.REDIS_URL:
         assert fleet_keys() == []
