@@ -4,7 +4,8 @@ Every scenario runs the direct path and the gateway path interleaved in rounds o
 the same machine, so the figures that matter are differences and ratios, not the
 absolute times of a noisy 2-core box. See README "Performance" for how to read it.
 
-    python bench/run.py [--profiles full,embedded] [--servers uvicorn] [--quick] [--soak 300]
+    python bench/run.py [--profiles full,embedded] [--servers serve,uvicorn,granian,daphne] [--quick] [--soak 300]
+    python bench/run.py --no-peers                            # without Portkey's gateway beside SpeedInfer
     python bench/run.py --routing [--routing-seconds 10]   # only the routing scenario
 """
 
@@ -89,6 +90,21 @@ class Proc:
             except FileNotFoundError:
                 continue
         return total
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the process and its children have used: a per-request cost that a
+        busy machine distorts far less than wall-clock latency."""
+        pids = [self.popen.pid]
+        children = subprocess.run(["pgrep", "-P", str(self.popen.pid)], capture_output=True, text=True, check=False)
+        pids += [int(c) for c in children.stdout.split()]
+        ticks = 0
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                continue
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -192,6 +208,8 @@ def seed(env: dict[str, str], upstream: str | None) -> str:
 
 
 SERVERS: dict[str, list[str]] = {
+    # What production runs (README, "Running in production"): the default, and how outside tests start it.
+    "serve": [PY, "manage.py", "serve", "--port", "{port}", "--workers", "{workers}"],
     "uvicorn": [
         PY, "-m", "uvicorn", "speedinfer.asgi:application", "--host", "127.0.0.1", "--port", "{port}",
         "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning",
@@ -231,9 +249,10 @@ class Target:
     port: int
     path: str  # the chat completions path on that server
     key: str = ""
+    extra: dict[str, str] = field(default_factory=dict)  # a peer gateway's routing headers
 
     def headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **self.extra}
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
         return headers
@@ -284,7 +303,12 @@ def latency_c1(
 
 
 def wrk(target: Target, payload: dict[str, Any], *, seconds: int, connections: int = 32) -> dict[str, Any]:
-    env = {**os.environ, "BENCH_BODY": json.dumps(payload), "BENCH_AUTH": target.key}
+    env = {
+        **os.environ,
+        "BENCH_BODY": json.dumps(payload),
+        "BENCH_AUTH": target.key,
+        "BENCH_HEADERS": "\n".join(f"{k}: {v}" for k, v in target.extra.items()),
+    }
     cmd = [
         "wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s",
         "-s", str(ROOT / "bench" / "wrk_post.lua"), f"http://127.0.0.1:{target.port}{target.path}",
@@ -480,6 +504,7 @@ class Report:
     machine: dict[str, Any]
     sections: list[dict[str, Any]] = field(default_factory=list)
     routing: list[dict[str, Any]] = field(default_factory=list)
+    peers: list[dict[str, Any]] = field(default_factory=list)  # skipped peers, and why
 
 
 # ---------------------------------------------------------------------------- routing
@@ -564,7 +589,7 @@ def bench_routing(profile: str, args: argparse.Namespace, report: Report) -> Non
         for policy in ("least-loaded", "random"):
             gw_port = free_port()
             gw_env = {**env, "SPEEDINFER_ROUTING_POLICY": policy}
-            gw = start("uvicorn", server_cmd("uvicorn", gw_port, 1), gw_env, port=gw_port, cpus=args.gateway_cpus)
+            gw = start("serve", server_cmd("serve", gw_port, 1), gw_env, port=gw_port, cpus=args.gateway_cpus)
             with running([gw]):
                 gateway = Target("gateway", gw_port, "/v1/chat/completions", key)
                 _closed_loop(gateway, concurrency=4, seconds=1)  # warm-up
@@ -657,9 +682,12 @@ def _bench_servers(
                             direct, gateway, body(directive=directive), rounds=args.rounds, per_round=args.per_round
                         )
                         print(f"   c1 upstream {latency} ms: {fmt_c1(section[f'c1_{latency}ms'])}", flush=True)
+                    cpu_before = gw.cpu_s()
                     section["c32_0ms"] = throughput(
                         direct, gateway, body(), seconds=args.wrk_seconds, rounds=args.wrk_rounds
                     )
+                    served = sum(r["requests"] for r in section["c32_0ms"]["runs"]["gateway"])
+                    section["c32_0ms"]["cpu_ms_per_request"] = (gw.cpu_s() - cpu_before) * 1000 / max(1, served)
                     print(f"   c32: {fmt_tp(section['c32_0ms'])}", flush=True)
                     if server == args.servers[0] and workers == args.workers[0]:
                         section["stream"] = streaming(
@@ -685,6 +713,93 @@ def _bench_servers(
                             flush=True,
                         )
                     report.sections.append(section)
+        if not args.no_peers and not report.peers and not any(s["profile"] == "peer" for s in report.sections):
+            bench_peers(args, report, env, direct, up_port)  # once per run, on the first profile's upstream
+
+
+PORTKEY_VERSION = "1.15.2"
+PORTKEY_DIR = Path(os.environ.get("BENCH_PORTKEY_DIR", str(Path.home() / ".cache" / "speedinfer" / "portkey")))
+
+
+def portkey_script() -> Path | str:
+    """Portkey's gateway (npm `@portkey-ai/gateway`, installed once into PORTKEY_DIR), or why it is skipped."""
+    script = PORTKEY_DIR / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
+    if not shutil.which("node"):
+        return "node is not installed"
+    if script.exists():
+        return script
+    if not shutil.which("npm"):
+        return "npm is not installed"
+    print(f"   installing @portkey-ai/gateway@{PORTKEY_VERSION} into {PORTKEY_DIR}", flush=True)
+    try:
+        done = subprocess.run(  # noqa: S603
+            ["npm", "install", "--prefix", str(PORTKEY_DIR), "--no-audit", "--no-fund", "--loglevel", "error",
+             f"@portkey-ai/gateway@{PORTKEY_VERSION}"],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return "npm install timed out"
+    if done.returncode != 0 or not script.exists():
+        return f"npm install failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+    return script
+
+
+def stream_check(target: Target) -> str:
+    """One stream through a peer: "ok", or how it fails (Portkey's streaming fails on Node.js 20)."""
+
+    async def run() -> dict[str, Any]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            return await _stream_once(session, target, body(stream=True))
+
+    try:
+        result = asyncio.run(run())
+    except aiohttp.ClientResponseError as exc:
+        return f"FAILS: HTTP {exc.status}"
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+        return f"FAILS: {type(exc).__name__}"
+    return "ok" if result["chunks"] > 0 else "FAILS: no content deltas"
+
+
+def bench_peers(args: argparse.Namespace, report: Report, env: dict[str, str], direct: Target, up_port: int) -> None:
+    """Portkey's open-source gateway on the same upstream: a pure pass-through (no keys, limits or ledger)."""
+    script = portkey_script()
+    if isinstance(script, str):
+        print(f"== peer portkey: skipped ({script})", flush=True)
+        report.peers.append({"name": "portkey", "skipped": script})
+        return
+    node = subprocess.run(["node", "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    port = free_port()
+    peer = start(
+        "portkey", ["node", str(script), f"--port={port}", "--headless"], env, port=port, cpus=args.gateway_cpus
+    )
+    with running([peer]):
+        target = Target(
+            "gateway",
+            port,
+            "/v1/chat/completions",
+            key="sk-bench-unused",  # the upstream ignores it; Portkey's openai provider forwards it
+            extra={"x-portkey-provider": "openai", "x-portkey-custom-host": f"http://127.0.0.1:{up_port}/v1"},
+        )
+        label = f"portkey {PORTKEY_VERSION} (node {node})"
+        print(f"== peer {label}", flush=True)
+        section: dict[str, Any] = {"profile": "peer", "server": f"portkey {PORTKEY_VERSION}", "workers": 1}
+        for latency in args.latencies:
+            directive = f"[sim latency={latency}]" if latency else ""
+            section[f"c1_{latency}ms"] = latency_c1(
+                direct, target, body(directive=directive), rounds=args.rounds, per_round=args.per_round
+            )
+            print(f"   c1 upstream {latency} ms: {fmt_c1(section[f'c1_{latency}ms'])}", flush=True)
+        cpu_before = peer.cpu_s()
+        section["c32_0ms"] = throughput(direct, target, body(), seconds=args.wrk_seconds, rounds=args.wrk_rounds)
+        served = sum(r["requests"] for r in section["c32_0ms"]["runs"]["gateway"])
+        section["c32_0ms"]["cpu_ms_per_request"] = (peer.cpu_s() - cpu_before) * 1000 / max(1, served)
+        print(f"   c32: {fmt_tp(section['c32_0ms'])}", flush=True)
+        checked = stream_check(target)
+        section["stream_check"] = f"{checked} on Node.js {node}"
+        if checked != "ok":
+            section["stream_check"] += " (Portkey's streaming fails on Node.js 20: no streaming figures)"
+        print(f"   stream: {section['stream_check']}", flush=True)
+        report.sections.append(section)
 
 
 def start_triton() -> Any:
@@ -707,9 +822,10 @@ def fmt_c1(r: dict[str, Any]) -> str:
 
 
 def fmt_tp(r: dict[str, Any]) -> str:
+    cpu = f" | gateway CPU {r['cpu_ms_per_request']:.2f} ms/request" if "cpu_ms_per_request" in r else ""
     return (
         f"direct {r['direct_rps']:.0f} rps p99 {r['direct_p99_ms']:.1f} | gateway {r['gateway_rps']:.0f} rps "
-        f"p99 {r['gateway_p99_ms']:.1f} ms | gateway errors {r['gateway_errors']}"
+        f"p99 {r['gateway_p99_ms']:.1f} ms | gateway errors {r['gateway_errors']}{cpu}"
     )
 
 
@@ -760,6 +876,11 @@ def table(report: Report) -> str:
                 f"| {b['fast_share']:.0%} | {b['p50_ms']:.1f} / {b['p99_ms']:.1f} ms |"
             )
     for s in report.sections:
+        if "stream_check" in s:
+            lines += ["", f"Streaming ({s['server']}): {s['stream_check']}"]
+    for p in report.peers:
+        lines += ["", f"Peer {p['name']}: skipped ({p['skipped']})"]
+    for s in report.sections:
         if "stream" in s:
             lines += ["", f"Streaming ({s['profile']}, {s['server']}): {fmt_stream(s['stream'])}"]
         if "triton_stream" in s:
@@ -776,7 +897,10 @@ def table(report: Report) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profiles", default="full,embedded", help="comma-separated: full, embedded")
-    parser.add_argument("--servers", default="uvicorn", help="comma-separated: uvicorn, granian, daphne")
+    parser.add_argument(
+        "--servers", default="serve", help="comma-separated: serve (manage.py serve), uvicorn, granian, daphne"
+    )
+    parser.add_argument("--no-peers", action="store_true", help="skip Portkey's gateway (the pass-through peer)")
     parser.add_argument("--workers", default="1", help="comma-separated gateway process counts, e.g. 1,2")
     parser.add_argument("--latencies", default="0,20", help="upstream latencies in ms for the c1 runs")
     parser.add_argument("--rounds", type=int, default=10)

@@ -7,6 +7,10 @@ expires after TTL_S, so a dead process's counts vanish with it), lists the proce
 `si:inflight:DB:procs` (DB: the database's name, one deployment), and reads the other processes'
 hashes back into memory.
 
+Nothing in Redis grows with gateway restarts: a process leaves the set when its sync task ends (shutdown,
+idle), a process that died without leaving is pruned by the next sync of any other (its hash has
+expired), and the set itself expires PROCS_TTL_S after the last sync of the last process.
+
 Staleness: another process's counts are at most SYNC_INTERVAL_S + one round trip old (about 0.3 s),
 and this process's own are exact. When no sync succeeded for TTL_S (Redis unreachable, or the first
 request after an idle spell) the others count as 0 rather than as old figures. Without Redis (the
@@ -31,6 +35,8 @@ log = logging.getLogger("speedinfer.routing")
 
 SYNC_INTERVAL_S = 0.25
 TTL_S = 2.0
+# Every sync renews it; a whole fleet gone (stopped or killed) leaves nothing behind after this.
+PROCS_TTL_S = 10.0
 IDLE_STOP_S = 10.0
 PROCESS = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
@@ -118,6 +124,7 @@ async def sync_once(
             pipe.hset(mine, mapping=counts)
             pipe.pexpire(mine, int(TTL_S * 1000))
         pipe.sadd(processes_key(), process)
+        pipe.pexpire(processes_key(), int(PROCS_TTL_S * 1000))
         pipe.smembers(processes_key())
         for other in others:
             pipe.hgetall(process_key(other))
@@ -169,7 +176,15 @@ async def _sync_forever() -> None:
     finally:
         _others, _others_at = {}, float("-inf")
         try:
-            await asyncio.shield(client.delete(process_key(PROCESS)))
+            await asyncio.shield(withdraw(client, process=PROCESS))
         except (RedisError, OSError, asyncio.CancelledError):
             pass
         await client.aclose()
+
+
+async def withdraw(client: Any, *, process: str) -> None:
+    """Remove `process`'s counts and its entry in the set of processes (its sync task ends)."""
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.delete(process_key(process))
+        pipe.srem(processes_key(), process)
+        await pipe.execute()

@@ -65,17 +65,8 @@ class Command(SpeedInferCommand):
         children.append(subprocess.Popen([python, "manage.py", "runschedule"]))  # noqa: S603
         try:
             server = subprocess.Popen(  # noqa: S603
-                [
-                    python,
-                    "-m",
-                    "uvicorn",
-                    "speedinfer.asgi:application",
-                    "--host",
-                    options["host"],
-                    "--port",
-                    str(options["port"]),
-                    "--no-access-log",
-                ]
+                # The production server and its SIGTERM drain (manage.py serve), in one process.
+                [python, "manage.py", "serve", "--host", options["host"], "--port", str(options["port"])]
             )
             children.append(server)
             self.stdout.write(f"SpeedInfer at http://{options['host']}:{options['port']}/ (Ctrl-C stops)")
