@@ -10,7 +10,7 @@ from django.utils import timezone
 from accounts import key_cache
 from accounts.key_cache import KeyInfo
 from accounts.keys import digests_match, key_digest, split_lookup
-from accounts.models import Account, ApiKey
+from accounts.models import Account, ApiKey, Membership
 from core.db import db_call
 
 
@@ -105,3 +105,20 @@ def api_key_resolve(*, ref: str) -> ApiKey | None:
 
 def api_keys_for_account(*, account: Account) -> QuerySet[ApiKey]:
     return ApiKey.objects.filter(account=account).order_by("-created_at")
+
+
+def account_owner_emails(*, account: Account) -> list[str]:
+    """Where an account's alerts are emailed: its owners' addresses.
+
+    Every dashboard login of an account is its owner until accounts have member roles; this is the one
+    place that decides who the owners are, for alerts and for the dashboard's owner-only pages.
+    """
+    users = Membership.objects.filter(account=account).select_related("user").order_by("user__pk")
+    emails = [(m.user.email or m.user.get_username()) for m in users]
+    return [e for e in emails if "@" in e]
+
+
+def user_is_account_owner(*, user: object, account: Account) -> bool:
+    """Whether a signed-in user may change the account's owner-only settings (alerts)."""
+    user_id = getattr(user, "pk", None)
+    return user_id is not None and Membership.objects.filter(account=account, user_id=user_id).exists()

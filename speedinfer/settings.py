@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "accounts",
     "billing",
     "workers",
+    "alerts",
     "proxy",
     "console",
     "devtools",
@@ -232,6 +233,13 @@ EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
 EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "webmaster@localhost")
+# Mail (alerts, invitations) goes to EMAIL_HOST over SMTP; the embedded default without EMAIL_HOST prints it.
+EMAIL_BACKEND = env_str(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.console.EmailBackend"
+    if EMBEDDED and not env_str("EMAIL_HOST")
+    else "django.core.mail.backends.smtp.EmailBackend",
+)
 if SPEEDINFER_PASSWORD_RESET and not (SPEEDINFER_PUBLIC_URL and env_str("EMAIL_HOST")):
     raise ImproperlyConfigured("SPEEDINFER_PASSWORD_RESET=1 needs SPEEDINFER_PUBLIC_URL and EMAIL_HOST")
 
@@ -287,11 +295,14 @@ SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_CONNECT_TIM
 SPEEDINFER_UPSTREAM_READ_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_READ_TIMEOUT", 120.0, minimum=0.1)
 SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT", 600.0, minimum=0.1)
 SPEEDINFER_DB_POOL_SIZE = env_int("SPEEDINFER_DB_POOL_SIZE", 8, minimum=1)
+# How often the schedule checks spend alerts and delivers them (manage.py sendalerts does one run).
+SPEEDINFER_ALERTS_INTERVAL = env_float("SPEEDINFER_ALERTS_INTERVAL", 30.0, minimum=1.0)
 SPEEDINFER_UPSTREAM_CLIENT = env_choice("SPEEDINFER_UPSTREAM_CLIENT", "aiohttp", choices=("aiohttp", "httpx"))
 
 CELERY_BEAT_SCHEDULE = {
     "probe-workers": {"task": "workers.tasks.probe_all_workers", "schedule": SPEEDINFER_PROBE_INTERVAL},
     "sweep-reservations": {"task": "billing.tasks.sweep_reservations", "schedule": SPEEDINFER_SWEEP_INTERVAL},
+    "send-alerts": {"task": "alerts.tasks.send_alerts", "schedule": SPEEDINFER_ALERTS_INTERVAL},
 }
 
 LOGGING = {

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from console.dashboard import views
+from console.dashboard import alerts, views
 
 app_name = "dashboard"
 
@@ -15,4 +15,5 @@ urlpatterns = [
     path("keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
     path("keys/<int:key_id>/budget/", views.key_budget, name="key_budget"),
     path("models/", views.models, name="models"),
+    path("alerts/", alerts.alerts, name="alerts"),
 ]
