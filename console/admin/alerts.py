@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 
 from alerts.models import AlertDelivery, AlertEvent, AlertSettings
-from alerts.services import alert_settings_set
+from alerts.services import alert_settings_set, budget_percents_validate, webhook_url_validate
 from console.admin.billing import ReadOnlyAdmin
 from core.credits import AmountError, display_credits, format_credits, parse_credits
 
@@ -22,6 +22,9 @@ class AlertSettingsForm(forms.ModelForm):
     )
     percents = forms.CharField(
         required=False, label="Key budget percentages", help_text="Comma-separated, 1 to 1000, e.g. 80, 100."
+    )
+    webhook_url = forms.CharField(
+        required=False, max_length=500, label="Webhook URL", help_text="http(s), no credentials. Empty: off."
     )
     rotate_secret = forms.BooleanField(required=False, label="Make a new webhook signing secret")
 
@@ -49,9 +52,20 @@ class AlertSettingsForm(forms.ModelForm):
     def clean_percents(self) -> list[int]:
         parts = [p.strip().rstrip("%") for p in (self.cleaned_data.get("percents") or "").split(",") if p.strip()]
         try:
-            return [int(p) for p in parts]
+            percents = [int(p) for p in parts]
         except ValueError:
             raise ValidationError("Whole numbers from 1 to 1000, separated by commas.") from None
+        try:
+            return budget_percents_validate(percents)
+        except ValidationError as exc:
+            raise ValidationError(exc.messages[0]) from None
+
+    def clean_webhook_url(self) -> str:
+        url = (self.cleaned_data.get("webhook_url") or "").strip()
+        try:
+            return webhook_url_validate(url) if url else ""
+        except ValidationError as exc:
+            raise ValidationError(exc.messages[0]) from None
 
     def _post_clean(self) -> None:
         # The model is saved by the service (validation included), not by ModelForm.
