@@ -173,6 +173,7 @@ def test_a_receiver_answering_500_is_retried_with_the_same_id_then_marked_failed
     assert "1 delivered, 1 to retry" in run("sendalerts")  # the owner's email (locmem here) and the webhook
     delivery = AlertDelivery.objects.get(channel="webhook")
     assert (delivery.status, delivery.attempts, delivery.last_status_code) == ("pending", 1, 500)
+    assert delivery.last_attempt_at is not None
     first_wait = delivery.next_attempt_at - delivery.last_attempt_at
     assert first_wait >= timedelta(seconds=10)
 
@@ -183,6 +184,7 @@ def test_a_receiver_answering_500_is_retried_with_the_same_id_then_marked_failed
     run("sendalerts")
     delivery.refresh_from_db()
     assert len(receiver.requests) == 2 and delivery.attempts == 2 and delivery.status == "pending"
+    assert delivery.last_attempt_at is not None
     assert delivery.next_attempt_at - delivery.last_attempt_at > first_wait  # the backoff grows
     ids = {body["id"] for body in receiver.bodies()}
     assert len(ids) == 1  # a retry is the same event
