@@ -46,6 +46,7 @@ RETRY_WINDOW = timedelta(hours=24)
 CLAIM_LEASE = timedelta(seconds=60)
 WEBHOOK_TIMEOUT = httpx.Timeout(5.0, connect=3.0)
 EMAIL_TIMEOUT = 10.0
+WEBHOOK_OFF = "the webhook was turned off"
 
 
 class _Unset:
@@ -320,12 +321,14 @@ def alerts_deliver(*, limit: int = 500) -> DeliveryCounts:
             if delivery.channel == AlertDelivery.Channel.EMAIL:
                 outcome = _send_email(delivery)
             else:
+                # The account's webhook as it is now: a retry follows a corrected URL, signed with the
+                # current secret; a webhook turned off since ends the delivery.
                 row = getattr(delivery.event.account, "alert_settings", None)
-                secret = row.webhook_secret if row is not None else ""
-                if not secret:
-                    outcome = _Outcome(ok=False, error="the webhook was turned off")
+                if row is None or not row.webhook_url or not row.webhook_secret:
+                    outcome = _Outcome(ok=False, error=WEBHOOK_OFF)
                 else:
-                    outcome = _send_webhook(delivery, client=client, secret=secret)
+                    delivery.target = row.webhook_url
+                    outcome = _send_webhook(delivery, client=client, secret=row.webhook_secret)
             status = _record(delivery=delivery, outcome=outcome)
             delivered += status == AlertDelivery.Status.DELIVERED
             retrying += status == AlertDelivery.Status.PENDING
@@ -339,11 +342,12 @@ def _record(*, delivery: AlertDelivery, outcome: _Outcome) -> str:
     attempts = delivery.attempts + 1
     if outcome.ok:
         status, next_at = AlertDelivery.Status.DELIVERED, at
-    elif at - first >= RETRY_WINDOW or outcome.error == "the webhook was turned off":
+    elif at - first >= RETRY_WINDOW or outcome.error == WEBHOOK_OFF:
         status, next_at = AlertDelivery.Status.FAILED, at
     else:
         status, next_at = AlertDelivery.Status.PENDING, at + retry_delay(attempts=attempts)
     AlertDelivery.objects.filter(pk=delivery.pk).update(
+        target=delivery.target,
         status=status,
         attempts=attempts,
         first_attempt_at=first,

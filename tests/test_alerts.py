@@ -220,6 +220,15 @@ def test_a_receiver_that_recovers_gets_the_retry_and_an_unreachable_one_is_retri
     unreachable = AlertDelivery.objects.get(channel="webhook", target=dead)
     assert unreachable.status == "pending" and unreachable.last_status_code is None and unreachable.last_error
 
+    # The customer corrects the URL: the retry goes there, the same event, signed with the new secret.
+    secret = run("setalert", "acme", "--webhook", receiver.url).strip().splitlines()[-1]
+    AlertDelivery.objects.filter(pk=unreachable.pk).update(next_attempt_at=timezone.now() - timedelta(seconds=1))
+    run("sendalerts")
+    unreachable.refresh_from_db()
+    assert (unreachable.status, unreachable.target, unreachable.attempts) == ("delivered", receiver.url, 2)
+    headers, body = receiver.requests[-1]
+    assert json.loads(body)["id"] == unreachable.event_id and verify(secret, headers, body)
+
 
 def _spend(*, account, key, credits: float) -> None:
     """Settle a request on `key` that cost `credits` (the model charges 1 credit per million input tokens)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
@@ -33,7 +33,7 @@ def _initial(account: Account) -> dict[str, object]:
 @customer_view
 def alerts(request: HttpRequest, account: Account) -> HttpResponse:
     if not user_is_account_owner(user=request.user, account=account):
-        return render(request, "dashboard/no_account.html", status=403)
+        raise PermissionDenied("Only the account's owners can change its alerts.")
     if request.method not in ("GET", "HEAD", "POST"):
         return HttpResponse(status=405)
     form = AlertSettingsForm(request.POST or None, initial=_initial(account))
