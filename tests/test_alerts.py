@@ -383,3 +383,21 @@ def test_the_admin_edits_settings_audited_and_the_delivery_log_is_read_only(acco
     assert delivery is not None
     assert client.post(f"/admin/alerts/alertdelivery/{delivery.pk}/delete/", {"post": "yes"}).status_code == 403
     assert client.get(f"/admin/alerts/alertevent/{delivery.event_id}/change/").status_code == 200
+
+
+def test_the_embedded_schedule_sends_alerts(subprocess_env, receiver):
+    """`manage.py runschedule` (the schedule without Celery, which `make run` starts) runs sendalerts."""
+    make_account(name="acme", credits=1)
+    run("setalert", "acme", "--low-balance", "2", "--webhook", receiver.url)
+    env = {**subprocess_env, "SPEEDINFER_ALERTS_INTERVAL": "1", "SPEEDINFER_PROBE_INTERVAL": "60"}
+    proc = subprocess.Popen(  # noqa: S603 - our own manage.py
+        [sys.executable, "manage.py", "runschedule"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not receiver.requests and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert [body["type"] for body in receiver.bodies()] == ["balance.low"]
