@@ -359,6 +359,7 @@ def test_the_admin_edits_settings_audited_and_the_delivery_log_is_read_only(acco
     staff = get_user_model().objects.create_superuser(username="admin", password="x" * 12, email="a@op.test")
     client = Client()
     client.force_login(staff)
+    assert b"Set up alerts" in client.get(f"/admin/accounts/account/{account.pk}/change/").content
     refused = client.post(
         "/admin/alerts/alertsettings/add/",
         {"account": account.pk, "webhook_url": "https://u:p@h.example.test/", "percents": "90"},
@@ -373,10 +374,12 @@ def test_the_admin_edits_settings_audited_and_the_delivery_log_is_read_only(acco
     row = AlertSettings.objects.get(account=account)
     assert (row.low_balance, row.budget_percents) == (3 * MICRO, [90]) and row.webhook_secret
     assert AuditLog.objects.get(action="alerts.update").detail["via"] == "admin"
+    account_page = client.get(f"/admin/accounts/account/{account.pk}/change/").content.decode()
+    assert "Low balance below 3.00 credits; key budgets 90%; webhook on" in account_page
 
     credits_grant(account=account, amount=-8 * MICRO, actor="test")
     run("sendalerts")
-    log = client.get("/admin/alerts/alertdelivery/")
+    log = client.get("/admin/alerts/alertdelivery/", {"q": "acme"})
     assert log.status_code == 200 and b"webhook" in log.content and b"delivered" in log.content
     assert client.get("/admin/alerts/alertdelivery/add/").status_code == 403
     delivery = AlertDelivery.objects.first()
