@@ -251,8 +251,9 @@ def _email_text(event: AlertEvent) -> tuple[str, str]:
         key = data["key"]
         subject = f"SpeedInfer: key {key['name']} has spent {data['percent']}% of its monthly budget"
         body = (
-            f"The API key {key['name']} ({key['prefix']}) of {name} has spent {data['spent']} of its "
-            f"{data['budget']} credits budget for {data['month']} ({data['percent']}% or more).\n"
+            f"The API key {key['name']} ({key['prefix']}) of {name} has spent "
+            f"{display_credits(parse_credits(data['spent']))} of its {display_credits(parse_credits(data['budget']))} "
+            f"credits budget for {data['month']} ({data['percent']}% or more).\n"
         )
     return subject, body + f"\nEvent {event.id}\n"
 

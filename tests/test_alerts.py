@@ -258,6 +258,7 @@ def test_key_budget_80_and_100_percent_fire_once_each(account, smtp, receiver):
     assert data["key"] == {"id": key.pk, "name": "ci", "prefix": key.prefix}
     assert (data["budget"], data["spent"]) == ("10.000000", "8.500000")
     assert "80%" in smtp.messages[0][1]["Subject"]
+    assert "has spent 8.50 of its 10.00 credits budget" in smtp.messages[0][1].get_payload()
 
     _spend(account=account, key=key, credits=1.5)  # 100%
     run("sendalerts")
