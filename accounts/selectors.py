@@ -147,3 +147,14 @@ def owner_emails(*, account: Account) -> list[str]:
     """Where the account's own mail (alerts) goes: its owners' addresses."""
     rows = Membership.objects.filter(account=account, role="owner").select_related("user").order_by("created_at")
     return [m.user.email or m.user.get_username() for m in rows]
+
+
+def account_owner_emails(*, account: Account) -> list[str]:
+    """Where an account's alerts are emailed: its owners' addresses (members with the owner role)."""
+    return [e for e in owner_emails(account=account) if "@" in e]
+
+
+def user_is_account_owner(*, user: object, account: Account) -> bool:
+    """Whether a signed-in user may change the account's owner-only settings (alerts)."""
+    user_id = getattr(user, "pk", None)
+    return user_id is not None and Membership.objects.filter(account=account, user_id=user_id, role="owner").exists()

@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "accounts",
     "billing",
     "workers",
+    "alerts",
     "proxy",
     "console",
     "devtools",
@@ -295,11 +296,14 @@ SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_CONNECT_TIM
 SPEEDINFER_UPSTREAM_READ_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_READ_TIMEOUT", 120.0, minimum=0.1)
 SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT", 600.0, minimum=0.1)
 SPEEDINFER_DB_POOL_SIZE = env_int("SPEEDINFER_DB_POOL_SIZE", 8, minimum=1)
+# How often the schedule checks spend alerts and delivers them (manage.py sendalerts does one run).
+SPEEDINFER_ALERTS_INTERVAL = env_float("SPEEDINFER_ALERTS_INTERVAL", 30.0, minimum=1.0)
 SPEEDINFER_UPSTREAM_CLIENT = env_choice("SPEEDINFER_UPSTREAM_CLIENT", "aiohttp", choices=("aiohttp", "httpx"))
 
 CELERY_BEAT_SCHEDULE = {
     "probe-workers": {"task": "workers.tasks.probe_all_workers", "schedule": SPEEDINFER_PROBE_INTERVAL},
     "sweep-reservations": {"task": "billing.tasks.sweep_reservations", "schedule": SPEEDINFER_SWEEP_INTERVAL},
+    "send-alerts": {"task": "alerts.tasks.send_alerts", "schedule": SPEEDINFER_ALERTS_INTERVAL},
 }
 
 LOGGING = {

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from console.admin import accounts, billing, workers
+from console.admin import accounts, alerts, billing, workers
 
 admin.site.site_header = "SpeedInfer administration"
 admin.site.site_title = "SpeedInfer admin"
 admin.site.index_title = "Workers, models, accounts and money"
 admin.site.site_url = "/"  # the landing page
 
-__all__ = ["accounts", "billing", "workers"]
+__all__ = ["accounts", "alerts", "billing", "workers"]

@@ -23,6 +23,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 
 from accounts.models import DEFAULT_SCOPES, SCOPES, Account, ApiKey, Invitation, Membership
 from accounts.services import (
@@ -38,6 +39,7 @@ from accounts.services import (
     member_remove,
     member_set_role,
 )
+from alerts.models import AlertSettings
 from billing.ledger_sql import month_start
 from billing.models import KeySpend
 from billing.services import InsufficientCredits, InvalidAmount, credits_grant
@@ -142,8 +144,17 @@ def save_membership_formset(request: HttpRequest, account: Account, formset: Any
 class AccountAdmin(admin.ModelAdmin):
     list_display = ("name", "balance", "reserved_credits", "key_count", "created_at")
     search_fields = ("name",)
-    fields = ("name", "balance", "reserved_credits", "rpm_ceiling", "tpm_ceiling", "created_at", "grant_link")
-    readonly_fields = ("balance", "reserved_credits", "created_at", "grant_link")
+    fields = (
+        "name",
+        "balance",
+        "reserved_credits",
+        "rpm_ceiling",
+        "tpm_ceiling",
+        "created_at",
+        "grant_link",
+        "alerts_link",
+    )
+    readonly_fields = ("balance", "reserved_credits", "created_at", "grant_link", "alerts_link")
     inlines = [MembershipInline]
     actions = ["grant_credits"]
 
@@ -183,6 +194,26 @@ class AccountAdmin(admin.ModelAdmin):
         url = reverse("admin:accounts_account_grant", args=[obj.pk])
         ledger = reverse("admin:billing_ledgerentry_changelist") + f"?account__id__exact={obj.pk}"
         return format_html('<a class="button" href="{}">Grant credits</a> &nbsp; <a href="{}">Ledger</a>', url, ledger)
+
+    @admin.display(description="Spend alerts")
+    def alerts_link(self, obj: Account) -> str:
+        row = AlertSettings.objects.filter(account=obj).first() if obj.pk else None
+        if row is None:
+            url = reverse("admin:alerts_alertsettings_add") + f"?account={obj.pk}"
+            return format_html('<a href="{}">Set up alerts</a>', url)
+        low = f"below {display_credits(row.low_balance)} credits" if row.low_balance is not None else "off"
+        budgets = ", ".join(f"{p}%" for p in row.budget_percents) or "off"
+        change = reverse("admin:alerts_alertsettings_change", args=[obj.pk])
+        log = reverse("admin:alerts_alertdelivery_changelist") + "?" + urlencode({"q": obj.name})
+        return format_html(
+            'Low balance {}; key budgets {}; webhook {} &nbsp; <a href="{}">Change</a> &nbsp; '
+            '<a href="{}">Deliveries</a>',
+            low,
+            budgets,
+            "on" if row.webhook_url else "off",
+            change,
+            log,
+        )
 
     def save_model(self, request: HttpRequest, obj: Account, form: Any, change: bool) -> None:
         if change:

@@ -120,3 +120,45 @@ class KeyBudgetForm(forms.Form):
 
     def clean_budget(self) -> int | None:
         return clean_budget_text(self.cleaned_data.get("budget") or "")
+
+
+class AlertSettingsForm(forms.Form):
+    low_balance = forms.CharField(
+        required=False,
+        max_length=30,
+        label="Low-balance alert (credits)",
+        help_text="Alert when the available balance falls below this. Empty: off.",
+    )
+    webhook_url = forms.CharField(
+        required=False,
+        max_length=500,
+        label="Webhook URL",
+        help_text="Also POST each alert here, signed (SpeedInfer-Signature). http(s), no credentials. Empty: off.",
+    )
+    budget_percents = forms.CharField(
+        required=False,
+        max_length=100,
+        label="Key budget alerts (%)",
+        help_text="Alert when a key's monthly spend crosses these percentages of its budget, e.g. 80, 100.",
+    )
+    rotate_secret = forms.BooleanField(required=False, label="Make a new webhook signing secret")
+
+    def clean_low_balance(self) -> int | None:
+        text = (self.cleaned_data.get("low_balance") or "").strip()
+        if not text:
+            return None
+        try:
+            micro = parse_credits(text, field="low_balance")
+        except AmountError as exc:
+            raise forms.ValidationError(str(exc).removeprefix("low_balance: ").capitalize()) from None
+        if micro == 0:
+            raise forms.ValidationError("Leave it empty for no alert, or give a positive amount of credits.")
+        return micro
+
+    def clean_budget_percents(self) -> list[int]:
+        text = self.cleaned_data.get("budget_percents") or ""
+        parts = [p.strip().rstrip("%") for p in text.replace(";", ",").split(",") if p.strip()]
+        try:
+            return [int(p) for p in parts]
+        except ValueError:
+            raise forms.ValidationError("Whole numbers from 1 to 1000, separated by commas.") from None

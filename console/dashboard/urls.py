@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from console.dashboard import members, views
+from console.dashboard import alerts, members, views
 
 app_name = "dashboard"
 
@@ -19,4 +19,5 @@ urlpatterns = [
     path("members/<int:membership_id>/role/", members.member_role, name="member_role"),
     path("members/<int:membership_id>/remove/", members.member_remove_view, name="member_remove"),
     path("members/invitations/<int:invitation_id>/revoke/", members.invitation_revoke_view, name="invitation_revoke"),
+    path("alerts/", alerts.alerts, name="alerts"),
 ]

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 
+from alerts.tasks import send_alerts
 from billing.tasks import sweep_reservations
 from core.commands import SpeedInferCommand
 from workers.tasks import probe_all_workers
@@ -17,7 +18,8 @@ log = logging.getLogger("speedinfer.schedule")
 class Command(SpeedInferCommand):
     help = (
         "Run the Celery beat schedule's tasks in this process, with no broker: worker probes every "
-        "SPEEDINFER_PROBE_INTERVAL seconds and the reservation sweep every SPEEDINFER_SWEEP_INTERVAL. "
+        "SPEEDINFER_PROBE_INTERVAL seconds, the reservation sweep every SPEEDINFER_SWEEP_INTERVAL and spend "
+        "alerts every SPEEDINFER_ALERTS_INTERVAL. "
         "For the embedded default; production runs `celery -A speedinfer worker --beat` instead."
     )
 
@@ -28,6 +30,7 @@ class Command(SpeedInferCommand):
         jobs = [
             (probe_all_workers, settings.SPEEDINFER_PROBE_INTERVAL),
             (sweep_reservations, settings.SPEEDINFER_SWEEP_INTERVAL),
+            (send_alerts, settings.SPEEDINFER_ALERTS_INTERVAL),
         ]
         due = [0.0 for _ in jobs]
         elapsed = 0.0
