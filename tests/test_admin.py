@@ -49,24 +49,38 @@ def test_non_staff_and_anonymous_get_the_login_page(client, customer, url):
 
 
 @pytest.mark.parametrize(
-    "url",
+    ("url", "shows"),
     [
-        "/admin/",
-        "/admin/accounts/account/",
-        "/admin/accounts/account/add/",
-        "/admin/accounts/apikey/",
-        "/admin/accounts/apikey/add/",
-        "/admin/core/auditlog/",
-        "/admin/catalog/publicmodel/",
-        "/admin/catalog/publicmodel/add/",
-        "/admin/billing/ledgerentry/",
-        "/admin/billing/reservation/",
-        "/admin/billing/usagerecord/",
+        # What a staff member comes to each page for: the rows that exist, or the form's fields.
+        ("/admin/", ["Workers, models, accounts and money", 'href="/admin/accounts/account/"']),
+        ("/admin/accounts/account/", ["Acme", "1.00"]),  # 1.00 held by req-held
+        ("/admin/accounts/account/add/", ['name="name"']),
+        ("/admin/accounts/apikey/", ["deploy-bot", "Acme"]),
+        ("/admin/accounts/apikey/add/", ['name="account"', 'name="name"', 'name="scopes"', 'name="rpm"']),
+        ("/admin/core/auditlog/", ["credits.grant", "Acme"]),
+        ("/admin/catalog/publicmodel/", ["acme/model-1"]),
+        ("/admin/catalog/publicmodel/add/", ['name="model_id"', 'name="input_price_credits"']),
+        ("/admin/billing/ledgerentry/", ["Acme", "5.00"]),
+        ("/admin/billing/reservation/", ["req-held", "req-settled", "Acme"]),
+        ("/admin/billing/usagerecord/", ["req-settled", "acme/model-1"]),
     ],
 )
-def test_staff_pages_render(admin_client, url):
-    make_account(name="Acme", credits=5)
-    assert admin_client.get(url).status_code == 200
+def test_staff_pages_render(admin_client, url, shows):
+    account = make_account(name="Acme", credits=5)
+    model = make_model(model_id="acme/model-1")
+    make_key(account=account, name="deploy-bot")
+    credits_reserve(account_id=account.pk, amount=MICRO, model=model, request_id="req-held")
+    settled = credits_reserve(account_id=account.pk, amount=MICRO, model=model, request_id="req-settled")
+    reservation_settle(reservation_id=settled.pk, prompt_tokens=10, completion_tokens=5)
+    response = admin_client.get(url)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "SpeedInfer admin" in html  # the branded admin, not a bare or error page
+    missing = [text for text in shows if text not in html]
+    assert not missing, f"{url} does not show {missing}"
+    if "cl" in response.context:  # a change list: every stored row is listed, none left off
+        cl = response.context["cl"]
+        assert len(cl.result_list) == cl.model.objects.count() > 0
 
 
 def test_account_shows_credits_read_only(admin_client):
