@@ -26,15 +26,13 @@ World = dict[str, Any]
 TRITON_FIXTURES = frozenset({"triton_server", "triton_factory"})
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks (--dist loadgroup)
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that starts the real Triton server is marked `triton` (so `-m "not triton"` leaves them all
-    out), and they share one xdist group: one worker starts the session's server once, not each worker."""
+    """A test that starts the real Triton server and forgot its `triton` mark gets it, so `-m "not triton"`
+    leaves them all out."""
     for item in items:
         if TRITON_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("triton") is None:
             item.add_marker(pytest.mark.triton)
-        if item.get_closest_marker("triton") is not None:
-            item.add_marker(pytest.mark.xdist_group("triton"))
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from tests.factories import make_key
 from tests.tcp_forwarder import TcpForwarder
 
 pytestmark = [
+    pytest.mark.slow,  # subprocess gateways, and cuts that wait out timeouts
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not settings.DATABASE_URL, reason="the outage tests cut PostgreSQL"),
 ]
