@@ -7,8 +7,9 @@ import pytest
 
 from accounts import key_cache
 
-# The real Triton server fixtures (triton_server, triton_factory), for the workers and proxy tests.
-pytest_plugins = ["tests.triton_server", "tests.servers"]
+# The real Triton server fixtures (triton_server, triton_factory), the gateway and simulator, and the shared
+# personas and worlds (tests/fixtures.py: staff, make_world, world).
+pytest_plugins = ["tests.triton_server", "tests.servers", "tests.fixtures"]
 
 
 class _QuietAbandonedLoops(logging.Filter):

@@ -18,14 +18,6 @@ PASSWORD = "correct horse battery staple"
 
 
 @pytest.fixture
-def staff(django_user_model) -> Client:
-    django_user_model.objects.create_user(username="ops", password=PASSWORD, is_staff=True)
-    client = Client()
-    assert client.login(username="ops", password=PASSWORD)
-    return client
-
-
-@pytest.fixture
 def admin_key_headers() -> dict[str, str]:
     created = make_key(account=make_account(name="Staff tools"), scopes=["admin"])
     return {"HTTP_AUTHORIZATION": f"Bearer {created.secret}"}

@@ -19,14 +19,6 @@ from workers.models import Worker
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def staff(django_user_model) -> Client:
-    user = django_user_model.objects.create_superuser(username="admin", email="a@example.com", password="pw-123456")
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def registration(worker_id: str = "down-03") -> str:
     return json.dumps(
         {
@@ -39,60 +31,60 @@ def registration(worker_id: str = "down-03") -> str:
     )
 
 
-def test_branding_example_json_and_view_site(staff):
-    index = staff.get("/admin/").content.decode()
+def test_branding_example_json_and_view_site(admin_client):
+    index = admin_client.get("/admin/").content.decode()
     assert "SpeedInfer administration" in index and 'href="/"' in index
     assert 'href="/docs/"' in index and 'href="/api/docs/"' in index  # the API reference, from every page
-    add = staff.get("/admin/workers/worker/add/").content.decode()
+    add = admin_client.get("/admin/workers/worker/add/").content.decode()
     assert "text_generation" in add and "runtime_endpoint" in add  # the example registration JSON
 
 
-def test_add_worker_twice_says_updated_and_delete_is_audited(staff):
+def test_add_worker_twice_says_updated_and_delete_is_audited(admin_client):
     make_model(model_id="acme/m1")
-    first = staff.post("/admin/workers/worker/add/", {"registration": registration()}, follow=True)
+    first = admin_client.post("/admin/workers/worker/add/", {"registration": registration()}, follow=True)
     assert "was added successfully" in first.content.decode()
-    again = staff.post("/admin/workers/worker/add/", {"registration": registration()}, follow=True)
+    again = admin_client.post("/admin/workers/worker/add/", {"registration": registration()}, follow=True)
     html = again.content.decode()
     assert "“down-03” was updated" in html and "added" not in html.split("messagelist")[1][:300]
     worker = Worker.objects.get(worker_id="down-03")
     # Probe now, from the worker's own page (the endpoint refuses: an error, shown with the worker).
-    page = staff.get(f"/admin/workers/worker/{worker.pk}/change/").content.decode()
+    page = admin_client.get(f"/admin/workers/worker/{worker.pk}/change/").content.decode()
     assert f"/admin/workers/worker/{worker.pk}/probe/" in page and "Probe now" in page
-    probed = staff.post(f"/admin/workers/worker/{worker.pk}/probe/", follow=True).content.decode()
+    probed = admin_client.post(f"/admin/workers/worker/{worker.pk}/probe/", follow=True).content.decode()
     assert "Worker down-03: unhealthy" in probed and "Down-03" not in probed  # ids keep their case
     worker.refresh_from_db()
     assert worker.last_probe_error
-    assert worker.last_probe_error[:40] in staff.get("/admin/workers/worker/").content.decode()
-    staff.post(f"/admin/workers/worker/{worker.pk}/delete/", {"post": "yes"})
+    assert worker.last_probe_error[:40] in admin_client.get("/admin/workers/worker/").content.decode()
+    admin_client.post(f"/admin/workers/worker/{worker.pk}/delete/", {"post": "yes"})
     assert not Worker.objects.filter(worker_id="down-03").exists()
     assert AuditLog.objects.filter(action="worker.delete", actor="admin").exists()
 
 
-def test_grant_error_speaks_credits_and_keeps_the_form(staff):
+def test_grant_error_speaks_credits_and_keeps_the_form(admin_client):
     account = make_account(name="Acme", credits=1)
     url = f"/admin/accounts/account/{account.pk}/grant/"
-    page = staff.post(url, {"amount": "-5", "note": "refund the test"})
+    page = admin_client.post(url, {"amount": "-5", "note": "refund the test"})
     html = page.content.decode()
     assert page.status_code == 200
     assert "has 1.000000 credits available, less than the 5.000000 to remove" in html
     assert "micro" not in html and "refund the test" in html  # the form keeps what was typed
 
 
-def test_audit_detail_is_readable_and_reservations_newest_first(staff):
+def test_audit_detail_is_readable_and_reservations_newest_first(admin_client):
     account = make_account(name="Acme", credits=10)
-    staff.post(f"/admin/accounts/account/{account.pk}/grant/", {"amount": "2", "note": "a long note " * 10})
-    listing = staff.get("/admin/core/auditlog/").content.decode()
+    admin_client.post(f"/admin/accounts/account/{account.pk}/grant/", {"amount": "2", "note": "a long note " * 10})
+    listing = admin_client.get("/admin/core/auditlog/").content.decode()
     assert "note:</span> a long note" in listing and '{"amount"' not in listing
     model = make_model()
     old = credits_reserve(account_id=account.pk, amount=MICRO, model=model, request_id="old")
     new = credits_reserve(account_id=account.pk, amount=MICRO, model=model, request_id="new")
     assert old.pk != new.pk
-    rows = staff.get("/admin/billing/reservation/").content.decode()
+    rows = admin_client.get("/admin/billing/reservation/").content.decode()
     assert rows.index(">new<") < rows.index(">old<")
     assert Reservation.objects.count() == 2
 
 
-def test_keys_filter_by_state_show_budget_and_spend(staff):
+def test_keys_filter_by_state_show_budget_and_spend(admin_client):
     from datetime import timedelta
 
     from django.utils import timezone
@@ -108,17 +100,17 @@ def test_keys_filter_by_state_show_budget_and_spend(staff):
     )
     reservation_settle(reservation_id=held.pk, prompt_tokens=100, completion_tokens=1)  # 0.000102 at 1 and 2 per 1M
     for state, name in (("active", "active-key"), ("expired", "old-key"), ("revoked", "gone-key")):
-        html = staff.get(f"/admin/accounts/apikey/?state={state}").content.decode()
+        html = admin_client.get(f"/admin/accounts/apikey/?state={state}").content.decode()
         assert name in html and all(other not in html for other in {"active-key", "old-key", "gone-key"} - {name})
-    listing = staff.get("/admin/accounts/apikey/?state=active").content.decode()
+    listing = admin_client.get("/admin/accounts/apikey/?state=active").content.decode()
     assert "0.000102" in listing and "5.00" in listing
     # The budget is edited on the key's page in credits.
-    change = staff.get(f"/admin/accounts/apikey/{active.pk}/change/").content.decode()
+    change = admin_client.get(f"/admin/accounts/apikey/{active.pk}/change/").content.decode()
     assert 'name="budget"' in change and 'value="5.000000"' in change
 
 
-def test_account_with_its_dashboard_login(staff):
-    response = staff.post(
+def test_account_with_its_dashboard_login(admin_client):
+    response = admin_client.post(
         "/admin/accounts/account/add/",
         {
             "name": "Newco",

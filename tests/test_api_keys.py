@@ -12,7 +12,7 @@ from accounts.selectors import api_key_authenticate
 from accounts.services import api_key_revoke, api_key_touch
 from tests.factories import make_account, make_key, make_model
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 def test_it_stores_only_a_digest_and_authenticates_the_secret():

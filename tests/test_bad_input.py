@@ -12,19 +12,9 @@ from accounts.models import Account
 from accounts.services import account_user_create
 from billing.models import Reservation
 from proxy.payloads import MAX_JSON_DEPTH
-from tests.factories import make_account, make_key, make_model
-from tests.servers import register_worker
+from tests.factories import make_account
 
 PASSWORD = "correct horse battery staple"
-
-
-@pytest.fixture
-def world(gateway_server, simulator):
-    make_model(model_id="acme/model-1", max_output_tokens=64)
-    account = make_account(name="customer", credits=10)
-    created = make_key(account=account)
-    register_worker(simulator.base_url)
-    return {"account": account, "secret": created.secret, "url": gateway_server.url}
 
 
 def post(world: dict[str, Any], body: bytes | dict[str, Any]) -> httpx.Response:

@@ -13,7 +13,7 @@ from accounts.selectors import api_key_authenticate
 from catalog.models import PublicModel
 from tests.factories import make_account, make_model
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -26,7 +26,7 @@ from core.credits import MICRO, AmountError, format_credits, parse_credits
 from core.outcome import RequestOutcome
 from tests.factories import make_account, make_model
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 def assert_ledger_balances(account):

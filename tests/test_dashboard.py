@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from datetime import timedelta
 
 import pytest
@@ -146,10 +147,14 @@ def test_usage_csv_has_only_own_rows(owner, outsider, owner_account, outsider_ac
 
 
 def test_keys_page_lists_only_own_keys(owner, owner_account, outsider_account):
-    make_key(account=owner_account, name="mine")
-    make_key(account=outsider_account, name="theirs")
+    mine = make_key(account=owner_account, name="mine").api_key
+    spare = make_key(account=owner_account, name="spare").api_key
+    theirs = make_key(account=outsider_account, name="theirs").api_key
     html = owner.get("/dashboard/keys/").content.decode()
-    assert "mine" in html and "theirs" not in html
+    # One table row per key of the owner's account (each carries its prefix), none of the outsider's.
+    rows = dict(re.findall(r'<tr[^>]* data-key="([^"]+)">\s*<td>([^<]*)</td>', html))
+    assert rows == {mine.prefix: "mine", spare.prefix: "spare"}
+    assert theirs.prefix not in html and "theirs" not in html
 
 
 def test_it_creates_a_key_and_shows_the_secret_once(owner, owner_account, model):

@@ -12,10 +12,15 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from accounts.services import account_user_create
-from billing.services import credits_reserve, reservation_settle, usage_listeners
-from console.live import usage_push
+from billing.services import (
+    credits_reserve,
+    reservation_release_async,
+    reservation_settle,
+    reservation_settle_async,
+)
 from core.credits import MICRO, display_credits, format_credits
 from core.outcome import RequestOutcome
+from core.pgpool import close_pool
 from speedinfer.asgi import application
 from tests.factories import make_account, make_model
 
@@ -51,8 +56,49 @@ async def receive_for(communicator: WebsocketCommunicator, request_id: str, with
     return None
 
 
-def test_the_listener_is_registered():
-    assert usage_push in usage_listeners
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("ending", ["settle", "settle_async", "release_async"])
+def test_every_way_a_request_ends_pushes_its_row_once_to_the_open_dashboard(ending):
+    """The console's listener is registered with billing at start-up, and every ending the gateway uses
+    (settled from a thread, settled or failed on the event loop) reaches the feed exactly once."""
+    model = make_model(model_id="acme/live-once")
+    account = make_account(name=f"live-once-{uuid.uuid4().hex[:6]}", credits=10)
+    account_user_create(account=account, email="once@live.example", password=PASSWORD)
+    cookie = session_cookie("once@live.example")
+    request_id = f"once-{uuid.uuid4().hex}"
+
+    async def end() -> None:
+        reserve = database_sync_to_async(credits_reserve)
+        reservation = await reserve(account_id=account.pk, amount=MICRO, model=model, request_id=request_id)
+        outcome = RequestOutcome(request_id=request_id, worker_id="w1", latency=0.05)
+        if ending == "settle":
+            await database_sync_to_async(reservation_settle)(
+                reservation_id=reservation.pk, prompt_tokens=100, completion_tokens=50, outcome=outcome
+            )
+        elif ending == "settle_async":
+            await reservation_settle_async(
+                reservation_id=reservation.pk, prompt_tokens=100, completion_tokens=50, outcome=outcome
+            )
+        else:
+            await reservation_release_async(reservation_id=reservation.pk, error_code="upstream_error", outcome=outcome)
+
+    async def scenario() -> None:
+        feed = WebsocketCommunicator(application, "/ws/usage/", headers=[(b"cookie", cookie)])
+        assert (await feed.connect())[0]
+        await end()
+        message = await receive_for(feed, request_id, within=5)
+        assert message is not None, f"no live row after {ending}"
+        usage = message["usage"]
+        assert usage["model"] == "acme/live-once" and usage["latency_ms"] == 50
+        if ending == "release_async":
+            assert usage["status"] == "failed" and usage["cost"] == "0.000000"
+        else:
+            assert usage["status"] == "ok" and usage["cost"] == "0.000200"
+        assert await feed.receive_nothing(timeout=0.5)  # once, not once per registration
+        await feed.disconnect()
+        await close_pool()  # this loop's pooled connections, so the test database can be dropped
+
+    async_to_sync(scenario)()
 
 
 @pytest.fixture(params=["redis", "in-memory"])

@@ -14,7 +14,7 @@ import pytest
 from accounts.models import Account
 from billing.models import Reservation, UsageRecord
 from core.credits import MICRO
-from tests.factories import make_account, make_key, make_model
+from tests.factories import make_key, make_model
 from tests.servers import register_worker
 from workers.models import Worker
 
@@ -28,14 +28,9 @@ EMBED_NAMES: dict[str, Any] = {
 
 
 @pytest.fixture
-def world(gateway_server, simulator):
+def world(make_world):
     # 3 credits per 1M input tokens: the charge of n prompt tokens is ceil(3n micro-credits).
-    make_model(model_id="acme/model-1", input_price=3 * MICRO, output_price=5 * MICRO, max_output_tokens=64)
-    account = make_account(name="embedder", credits=10)
-    created = make_key(account=account)
-    register_worker(simulator.base_url)
-    ai = openai.OpenAI(base_url=gateway_server.url + "/v1", api_key=created.secret, max_retries=0)
-    return {"account": account, "ai": ai, "url": gateway_server.url, "secret": created.secret}
+    return make_world(account="embedder", model={"input_price": 3 * MICRO, "output_price": 5 * MICRO})
 
 
 def available(world) -> int:

@@ -15,24 +15,12 @@ from accounts.models import Account, ApiKey
 from accounts.services import api_key_revoke
 from billing.models import Reservation, UsageRecord
 from tests.factories import make_account, make_key, make_model
+from tests.fixtures import sdk
 from tests.servers import register_worker
 from workers.models import Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway")]
 HELLO: Any = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture
-def world(gateway_server, simulator):
-    make_model(model_id="acme/model-1", max_output_tokens=64)
-    account = make_account(name="customer", credits=10)
-    created = make_key(account=account)
-    register_worker(simulator.base_url)
-    return {"account": account, "secret": created.secret, "url": gateway_server.url}
-
-
-def sdk(world, secret: str | None = None) -> openai.OpenAI:
-    return openai.OpenAI(base_url=world["url"] + "/v1", api_key=secret or world["secret"], max_retries=0)
 
 
 def refused(world, call: Callable[[], Any], status: int, code: str) -> openai.APIStatusError:
@@ -63,7 +51,7 @@ def embed(world, **kwargs: Any) -> Callable[[], Any]:
 def chat(world, secret: str | None = None, **kwargs: Any) -> Callable[[], Any]:
     def call() -> Any:
         params = {"model": "acme/model-1", "messages": HELLO, **kwargs}
-        return sdk(world, secret).chat.completions.create(**params)
+        return sdk(world, secret=secret).chat.completions.create(**params)
 
     return call
 
@@ -140,7 +128,7 @@ def test_402_key_budget_exceeded_is_distinct_and_spent_shows_in_v1_key(world):
     capped = make_key(account=world["account"], name="ci", monthly_budget=160).secret
     error = refused(world, chat(world, capped), 402, "key_budget_exceeded")  # the account has 10 credits
     assert "budget" in error.body["message"]  # type: ignore[index]
-    sdk(world, capped).chat.completions.create(model="acme/model-1", messages=HELLO, max_tokens=1)
+    sdk(world, secret=capped).chat.completions.create(model="acme/model-1", messages=HELLO, max_tokens=1)
     body = httpx.get(world["url"] + "/v1/key", headers={"Authorization": f"Bearer {capped}"}).json()
     budget = body["data"]["budget"]
     cost = UsageRecord.objects.get().cost

@@ -14,27 +14,20 @@ from billing.models import LedgerEntry, Reservation, UsageRecord
 from billing.selectors import ledger_totals
 from core.credits import MICRO
 from tests.factories import make_account, make_key, make_model
+from tests.fixtures import sdk
 from tests.servers import register_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway")]
 
 
 @pytest.fixture
-def world(gateway_server, simulator):
+def world(make_world):
     # Prices: 1 credit per 1M prompt tokens, 2 per 1M completion tokens.
-    make_model(model_id="acme/model-1", max_output_tokens=64)
-    account = make_account(name="owner", credits=10)
-    created = make_key(account=account, name="k1")
-    register_worker(simulator.base_url)
-    return {"account": account, "secret": created.secret, "key": created.api_key, "url": gateway_server.url}
-
-
-def client(world, **kwargs) -> openai.OpenAI:
-    return openai.OpenAI(base_url=world["url"] + "/v1", api_key=world["secret"], max_retries=0, **kwargs)
+    return make_world(account="owner", key={"name": "k1"})
 
 
 def test_chat_completion_is_answered_and_settled_from_the_workers_usage(world, simulator):
-    reply = client(world).chat.completions.create(
+    reply = sdk(world).chat.completions.create(
         model="acme/model-1", messages=[{"role": "user", "content": "say hello to me [sim deltas=5]"}]
     )
     assert reply.model == "acme/model-1"
@@ -60,7 +53,7 @@ def test_chat_completion_is_answered_and_settled_from_the_workers_usage(world, s
 
 def test_max_tokens_is_capped_and_the_public_model_is_mapped_for_the_worker(world, simulator):
     register_worker(simulator.base_url, worker_id="sim-1", model_map={"acme/model-1": "upstream/model-1"})
-    reply = client(world).chat.completions.create(
+    reply = sdk(world).chat.completions.create(
         model="acme/model-1", max_tokens=1000, messages=[{"role": "user", "content": "hi"}]
     )
     sent = simulator.simulator.stats.requests[-1]
@@ -70,14 +63,14 @@ def test_max_tokens_is_capped_and_the_public_model_is_mapped_for_the_worker(worl
 
 
 def test_legacy_completions(world):
-    reply = client(world).completions.create(model="acme/model-1", prompt="one two three", max_tokens=3)
+    reply = sdk(world).completions.create(model="acme/model-1", prompt="one two three", max_tokens=3)
     assert reply.object == "text_completion"
     assert reply.choices[0].text == "SpeedInfer routes"
     assert reply.usage is not None and reply.usage.completion_tokens == 3
     assert UsageRecord.objects.get().endpoint == "/v1/completions"
 
 
-def test_async_client(world):
+def test_async_sdk(world):
     async def run() -> list[str]:
         async with openai.AsyncOpenAI(base_url=world["url"] + "/v1", api_key=world["secret"], max_retries=0) as ai:
             replies = await asyncio.gather(
@@ -96,7 +89,7 @@ def test_async_client(world):
 
 
 def test_request_id_is_echoed_and_stored(world):
-    raw = client(world).chat.completions.with_raw_response.create(
+    raw = sdk(world).chat.completions.with_raw_response.create(
         model="acme/model-1",
         max_tokens=2,
         messages=[{"role": "user", "content": "hi"}],
@@ -112,7 +105,7 @@ def test_request_id_is_echoed_and_stored(world):
 def test_models_lists_the_enabled_models_the_key_may_use(world):
     make_model(model_id="acme/model-2")
     make_model(model_id="acme/hidden").__class__.objects.filter(model_id="acme/hidden").update(enabled=False)
-    assert [m.id for m in client(world).models.list()] == ["acme/model-1", "acme/model-2"]
+    assert [m.id for m in sdk(world).models.list()] == ["acme/model-1", "acme/model-2"]
     limited = make_key(account=world["account"], name="limited", allowed_models=["acme/model-2"])
     listed = openai.OpenAI(base_url=world["url"] + "/v1", api_key=limited.secret, max_retries=0).models.list()
     assert [m.id for m in listed] == ["acme/model-2"]
@@ -139,7 +132,7 @@ def test_key_shows_the_contract_shape(world):
 
 
 def test_usage_lists_the_accounts_records_newest_first_in_pages(world):
-    ai = client(world)
+    ai = sdk(world)
     for i in range(3):
         ai.chat.completions.create(
             model="acme/model-1",
@@ -160,7 +153,7 @@ def test_usage_lists_the_accounts_records_newest_first_in_pages(world):
 
 
 def test_ledger_balances_after_mixed_outcomes(world):
-    ai = client(world)
+    ai = sdk(world)
     ai.chat.completions.create(model="acme/model-1", messages=[{"role": "user", "content": "ok"}])
     with pytest.raises(openai.APIStatusError):
         ai.chat.completions.create(model="acme/model-1", messages=[{"role": "user", "content": "[sim no-usage]"}])
@@ -175,11 +168,11 @@ def test_each_request_logs_one_json_line_without_secrets(world, caplog):
     import logging
 
     caplog.set_level(logging.INFO, logger="speedinfer.requests")
-    client(world).chat.completions.create(
+    sdk(world).chat.completions.create(
         model="acme/model-1", messages=[{"role": "user", "content": "log me"}], extra_headers={"X-Request-ID": "log-1"}
     )
     with pytest.raises(openai.NotFoundError):
-        client(world).chat.completions.create(model="nope/model", messages=[{"role": "user", "content": "x"}])
+        sdk(world).chat.completions.create(model="nope/model", messages=[{"role": "user", "content": "x"}])
 
     def logged() -> list[dict]:
         return [json.loads(r.getMessage()) for r in caplog.records if r.name == "speedinfer.requests"]
@@ -209,7 +202,7 @@ def test_the_gateway_survives_its_database_connections_being_cut(world):
     from catalog import cache as catalog
 
     def ask() -> int:
-        reply = client(world).chat.completions.create(
+        reply = sdk(world).chat.completions.create(
             model="acme/model-1", messages=[{"role": "user", "content": "still there?"}]
         )
         return reply.usage.completion_tokens if reply.usage else 0

@@ -8,8 +8,7 @@ import openai
 import pytest
 
 from billing.models import Reservation, UsageRecord
-from tests.factories import make_account, make_key, make_model, money
-from tests.servers import register_worker
+from tests.factories import money
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway"), pytest.mark.triton]
 NAMES: dict[str, Any] = {
@@ -22,25 +21,9 @@ NAMES: dict[str, Any] = {
 
 
 @pytest.fixture
-def world(gateway_server, triton_server):
-    account = make_account(name="triton-customer", credits=10)
-    for model_id, triton_model in (
-        ("acme/tri", "text_generation"),
-        ("acme/tri-failing", "text_failing"),
-        ("acme/tri-uncounted", "text_no_counts"),
-    ):
-        make_model(model_id=model_id, max_output_tokens=32)
-        register_worker(
-            triton_server.url,
-            worker_id=f"triton-{triton_model}",
-            runtime="triton",
-            models=(model_id,),
-            model_name=triton_model,
-            **NAMES,
-        )
-    secret = make_key(account=account).secret
-    ai = openai.OpenAI(base_url=gateway_server.url + "/v1", api_key=secret, max_retries=0)
-    return {"account": account, "ai": ai}
+def world(make_world):
+    triton = {"acme/tri": "text_generation", "acme/tri-failing": "text_failing", "acme/tri-uncounted": "text_no_counts"}
+    return make_world(account="triton-customer", worker=None, triton=triton, triton_config=NAMES)
 
 
 def test_chat_is_answered_from_triton_with_its_own_counts(world):

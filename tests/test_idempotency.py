@@ -15,23 +15,14 @@ from accounts.models import Account
 from billing.models import IdempotencyKey, UsageRecord
 from billing.services import credits_grant
 from core.credits import MICRO
-from tests.factories import make_account, make_key, make_model
-from tests.servers import register_worker
+from tests.factories import make_account, make_key
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway")]
 
 
 @pytest.fixture
-def world(gateway_server, simulator):
-    make_model(model_id="acme/model-1", max_output_tokens=64, input_price=MICRO, output_price=MICRO)
-    account = make_account(name="retrier", credits=10)
-    register_worker(simulator.base_url)
-    return {
-        "account": account,
-        "secret": make_key(account=account).secret,
-        "url": gateway_server.url,
-        "simulator": simulator,
-    }
+def world(make_world):
+    return make_world(account="retrier", model={"input_price": MICRO, "output_price": MICRO})
 
 
 def post(world: dict[str, Any], key: str | None, content: str = "hello", *, secret: str = "", **body: Any):

@@ -22,7 +22,7 @@ from billing.services import (
 from core.credits import MICRO
 from tests.factories import make_account, make_key, make_model
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 def test_budget_refuses_what_does_not_fit_and_counts_running_holds():

@@ -29,6 +29,7 @@ from core.outcome import RequestOutcome
 from tests.factories import make_account, make_key, make_model
 
 pytestmark = [
+    pytest.mark.sqlite,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(connection.vendor != "sqlite", reason="the SQLite engine (the Makefile's SQLite pass)"),
 ]

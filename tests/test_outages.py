@@ -23,11 +23,11 @@ from django.db.models import Sum
 
 from accounts.models import Account
 from billing.models import LedgerEntry, Reservation, UsageRecord
-from tests.factories import make_account, make_key, make_model
-from tests.servers import register_worker
+from tests.factories import make_key
 from tests.tcp_forwarder import TcpForwarder
 
 pytestmark = [
+    pytest.mark.slow,  # subprocess gateways, and cuts that wait out timeouts
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not settings.DATABASE_URL, reason="the outage tests cut PostgreSQL"),
 ]
@@ -110,17 +110,13 @@ def worker_latency_ms() -> int:
 
 
 @pytest.fixture
-def world(simulator_factory: Any, worker_latency_ms: int, subprocess_env: dict[str, str]) -> dict[str, Any]:
-    make_model(model_id="acme/model-1", max_output_tokens=64)
-    account = make_account(name="customer", credits=10)
-    limited = make_key(account=account, rpm=1000, tpm=1_000_000)
-    register_worker(simulator_factory(latency_ms=worker_latency_ms).base_url)
-    return {
-        "account": account,
-        "secret": make_key(account=account).secret,
-        "limited": limited.secret,
-        "database_url": subprocess_env["DATABASE_URL"],
-    }
+def world(
+    make_world: Any, simulator_factory: Any, worker_latency_ms: int, subprocess_env: dict[str, str]
+) -> dict[str, Any]:
+    # The gateways are this test's own processes (gateway_factory), not the shared in-process one.
+    world = make_world(worker=simulator_factory(latency_ms=worker_latency_ms).base_url, gateway=False)
+    limited = make_key(account=world["account"], rpm=1000, tpm=1_000_000)
+    return {**world, "limited": limited.secret, "database_url": subprocess_env["DATABASE_URL"]}
 
 
 def _post(gateway: Gateway, secret: str, timeout: float = 10) -> tuple[httpx.Response, float]:

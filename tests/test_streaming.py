@@ -14,24 +14,16 @@ from accounts.models import Account
 from billing.models import Reservation, UsageRecord
 from billing.selectors import ledger_totals
 from core.credits import MICRO
-from tests.factories import make_account, make_key, make_model
-from tests.servers import register_worker, stream_events
+from tests.fixtures import sdk
+from tests.servers import stream_events
 from workers.models import Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway")]
 
 
 @pytest.fixture
-def world(gateway_server, simulator):
-    make_model(model_id="acme/model-1", max_output_tokens=64)
-    account = make_account(name="streamer", credits=10)
-    created = make_key(account=account)
-    register_worker(simulator.base_url)
-    return {"account": account, "secret": created.secret, "url": gateway_server.url, "simulator": simulator}
-
-
-def sdk(world) -> openai.OpenAI:
-    return openai.OpenAI(base_url=world["url"] + "/v1", api_key=world["secret"], max_retries=0)
+def world(make_world):
+    return make_world(account="streamer")
 
 
 def raw_events(world, content: str, **body) -> list[bytes]:

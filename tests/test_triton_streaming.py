@@ -13,8 +13,8 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from billing.models import Reservation, UsageRecord
-from tests.factories import make_account, make_key, make_model, money
-from tests.servers import register_worker, stream_events
+from tests.factories import money
+from tests.servers import stream_events
 from workers.models import Worker
 from workers.registration import registration_validate
 
@@ -32,25 +32,13 @@ WORDS = "one two three four five six seven eight"
 
 
 @pytest.fixture
-def world(gateway_server, triton_server):
-    account = make_account(name="triton-streamer", credits=10)
-    for model_id, triton_model in (
-        ("acme/tri-stream", "text_stream"),
-        ("acme/tri-stream-uncounted", "text_stream_no_counts"),
-        ("acme/tri-stream-failing", "text_stream_failing"),
-    ):
-        make_model(model_id=model_id, max_output_tokens=32)
-        register_worker(
-            triton_server.url,
-            worker_id=f"triton-{triton_model}",
-            runtime="triton",
-            models=(model_id,),
-            model_name=triton_model,
-            **NAMES,
-        )
-    secret = make_key(account=account).secret
-    ai = openai.OpenAI(base_url=gateway_server.url + "/v1", api_key=secret, max_retries=0)
-    return {"account": account, "ai": ai, "secret": secret, "url": gateway_server.url, "triton": triton_server}
+def world(make_world):
+    triton = {
+        "acme/tri-stream": "text_stream",
+        "acme/tri-stream-uncounted": "text_stream_no_counts",
+        "acme/tri-stream-failing": "text_stream_failing",
+    }
+    return make_world(account="triton-streamer", worker=None, triton=triton, triton_config=NAMES)
 
 
 def raw_events(world, model: str, prompt: str, **body: Any) -> list[tuple[float, bytes]]:

@@ -19,13 +19,6 @@ def _model() -> None:
     make_model(model_id="acme/model-1")
 
 
-@pytest.fixture
-def staff(client, django_user_model):
-    django_user_model.objects.create_user(username="ops", password=PASSWORD, is_staff=True)
-    client.login(username="ops", password=PASSWORD)
-    return client
-
-
 def post(client, doc, **headers):
     body = doc if isinstance(doc, str) else json.dumps(doc)
     return client.post("/api/workers/", body, content_type="application/json", **headers)
@@ -88,49 +81,42 @@ def test_only_staff_or_an_admin_key_may_use_it(client, django_user_model):
     assert client.get("/api/workers/", HTTP_AUTHORIZATION=f"Bearer {admin}").status_code == 200
 
 
-@pytest.fixture
-def admin_client_(client, django_user_model):
-    django_user_model.objects.create_superuser(username="root", email="root@example.com", password=PASSWORD)
-    client.login(username="root", password=PASSWORD)
-    return client
-
-
-def test_the_admin_registers_the_spec_examples_and_validates_the_same_way(admin_client_):
+def test_the_admin_registers_the_spec_examples_and_validates_the_same_way(admin_client):
     for worker_id, (text, _) in SPEC_EXAMPLES.items():
-        response = admin_client_.post("/admin/workers/worker/add/", {"registration": text})
+        response = admin_client.post("/admin/workers/worker/add/", {"registration": text})
         assert response.status_code == 302, response.content.decode()[:2000]
         assert Worker.objects.filter(worker_id=worker_id).exists()
     bad = json.loads(SPEC_CUDA) | {"worker_id": "cuda-02", "gpu_metadata": {"serial_number": "1234"}}
-    response = admin_client_.post("/admin/workers/worker/add/", {"registration": json.dumps(bad)})
+    response = admin_client.post("/admin/workers/worker/add/", {"registration": json.dumps(bad)})
     assert response.status_code == 200
     assert "gpu_metadata.serial_number" in response.content.decode()
     assert not Worker.objects.filter(worker_id="cuda-02").exists()
 
 
-def test_the_admin_shows_health_and_metadata_but_never_the_upstream_key(admin_client_):
+def test_the_admin_shows_health_and_metadata_but_never_the_upstream_key(admin_client):
     doc = json.loads(SPEC_CUDA) | {"upstream_api_key": "sk-hidden-in-admin"}
-    admin_client_.post("/admin/workers/worker/add/", {"registration": json.dumps(doc)})
+    admin_client.post("/admin/workers/worker/add/", {"registration": json.dumps(doc)})
     worker = Worker.objects.get(worker_id="cuda-01")
     assert worker.upstream_api_key == "sk-hidden-in-admin"
-    listing = admin_client_.get("/admin/workers/worker/").content.decode()
+    listing = admin_client.get("/admin/workers/worker/").content.decode()
     assert "cuda-01" in listing and "sk-hidden-in-admin" not in listing
-    page = admin_client_.get(f"/admin/workers/worker/{worker.pk}/change/").content.decode()
+    page = admin_client.get(f"/admin/workers/worker/{worker.pk}/change/").content.decode()
     assert "operator-reported" in page  # GPU and runtime metadata shown to staff
     assert "sk-hidden-in-admin" not in page
     # Saving the form again without typing the key keeps it.
     registration = json.dumps(json.loads(SPEC_CUDA))
-    response = admin_client_.post(f"/admin/workers/worker/{worker.pk}/change/", {"registration": registration})
+    response = admin_client.post(f"/admin/workers/worker/{worker.pk}/change/", {"registration": registration})
     assert response.status_code == 302
     assert Worker.objects.get(pk=worker.pk).upstream_api_key == "sk-hidden-in-admin"
 
 
-def test_admin_actions_disable_enable_reset_and_probe(admin_client_):
-    admin_client_.post("/admin/workers/worker/add/", {"registration": SPEC_CUDA})
+def test_admin_actions_disable_enable_reset_and_probe(admin_client):
+    admin_client.post("/admin/workers/worker/add/", {"registration": SPEC_CUDA})
     worker = Worker.objects.get()
     Worker.objects.update(circuit_state="open", consecutive_failures=5)
 
     def act(action):
-        return admin_client_.post(
+        return admin_client.post(
             "/admin/workers/worker/", {"action": action, "_selected_action": [worker.pk]}, follow=True
         )
 
@@ -145,20 +131,14 @@ def test_admin_actions_disable_enable_reset_and_probe(admin_client_):
     assert Worker.objects.get().last_probe_at is not None
 
 
-def test_staff_changes_to_workers_are_audited_with_who_and_never_the_key(admin_client_, django_user_model):
-    from django.test import Client
-
+def test_staff_changes_to_workers_are_audited_with_who_and_never_the_key(admin_client, staff):
     from core.models import AuditLog
 
-    django_user_model.objects.create_user(username="ops", password=PASSWORD, is_staff=True)
-    staff = Client()
-    staff.login(username="ops", password=PASSWORD)
-
     doc = json.loads(SPEC_CUDA) | {"upstream_api_key": "sk-never-in-the-audit"}
-    admin_client_.post("/admin/workers/worker/add/", {"registration": json.dumps(doc)})
+    admin_client.post("/admin/workers/worker/add/", {"registration": json.dumps(doc)})
     worker = Worker.objects.get()
-    admin_client_.post("/admin/workers/worker/", {"action": "disable", "_selected_action": [worker.pk]})
-    admin_client_.post("/admin/workers/worker/", {"action": "reset_circuit", "_selected_action": [worker.pk]})
+    admin_client.post("/admin/workers/worker/", {"action": "disable", "_selected_action": [worker.pk]})
+    admin_client.post("/admin/workers/worker/", {"action": "reset_circuit", "_selected_action": [worker.pk]})
     changed = json.loads(SPEC_CUDA)
     changed["runtime_config"] = {**changed["runtime_config"], "read_timeout": 30}
     assert post(staff, json.dumps(changed)).status_code == 200
@@ -168,9 +148,9 @@ def test_staff_changes_to_workers_are_audited_with_who_and_never_the_key(admin_c
     rows = list(AuditLog.objects.order_by("id").values_list("actor", "action", "target_repr"))
     actions = [(actor, action) for actor, action, _ in rows]
     assert actions == [
-        ("root", "worker.register"),
-        ("root", "worker.disable"),
-        ("root", "worker.circuit_reset"),
+        ("admin", "worker.register"),
+        ("admin", "worker.disable"),
+        ("admin", "worker.circuit_reset"),
         ("ops", "worker.update"),
         ("ops", "worker.delete"),
     ]
