@@ -34,7 +34,7 @@ from accounts.services import (
     api_key_set_budget,
     api_key_update,
 )
-from billing.ledger_sql import month_start
+from billing.ledger import month_start
 from billing.models import KeySpend
 from billing.services import InsufficientCredits, InvalidAmount, credits_grant
 from catalog.models import PublicModel
