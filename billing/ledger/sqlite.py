@@ -116,7 +116,9 @@ class _OnDjango:
         self.cursor = cursor
 
     def execute(self, sql: str, params: Any = (), /) -> Any:
-        self.cursor.execute(sql, params)
+        # Django's placeholder is %s (its debug cursor formats the logged query with it); none of
+        # these statements has a literal "?".
+        self.cursor.execute(sql.replace("?", "%s"), params)
         return self.cursor
 
 
@@ -273,9 +275,10 @@ def _key_spend_close(db: _Db, claimed: sqlite3.Row, *, held: int, charged: int) 
     )
 
 
-def _parse(text: str) -> datetime:
-    """A datetime Django stored in SQLite (UTC, naive text) back as an aware one."""
-    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+def _parse(stored: str | datetime) -> datetime:
+    """A datetime Django stored in SQLite (UTC, naive text) back as an aware one. Django's connection
+    converts a datetime column itself (naive UTC); this process's own connection returns the text."""
+    return (stored if isinstance(stored, datetime) else datetime.fromisoformat(stored)).replace(tzinfo=UTC)
 
 
 def _usage(db: _Db, claimed: sqlite3.Row, usage: dict[str, Any], now: datetime, **charge: int) -> UsageRecord:
