@@ -90,6 +90,10 @@ class Ledger(Protocol):
         """The sweeper's release of a held reservation whose lease passed before `now`; False when it
         was closed (or its lease renewed) meanwhile."""
 
+    def loop_round_trips(self) -> int:
+        """Transactions the async methods sent in this process (Django's query capture does not see
+        them: they run on the pool or the process's own connection); the hot path's query-count test."""
+
 
 def month_start(moment: datetime) -> date:
     """The first day of `moment`'s calendar month in UTC: the key spend row it counts in."""

@@ -482,3 +482,6 @@ class PostgreSQLLedger:
     def expire(self, *, reservation_id: UUID | str, note: str, now: datetime) -> bool:
         params = {"id": reservation_id, "now": now, "note": note, "reference": str(reservation_id)}
         return execute(Statement(EXPIRE, params, returns_usage=False)) is True
+
+    def loop_round_trips(self) -> int:
+        return statements_on_pool

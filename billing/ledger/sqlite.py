@@ -73,6 +73,7 @@ _USAGE_INSERT = (
 _CLAIM_COLUMNS = "id, account_id, api_key_id, model_id, amount, input_price, output_price, request_id, created_at"
 
 _connection: sqlite3.Connection | None = None
+transactions_on_loop = 0  # committed by run(), for Ledger.loop_round_trips
 _connection_name: str = ""
 
 
@@ -122,7 +123,11 @@ class _OnDjango:
         return self.cursor
 
 
-def _on_django(work: Callable[[_Db], T]) -> T:
+def _on_django(work: Callable[[_Db], T], *, atomic: bool = True) -> T:
+    """Run `work` on Django's connection, in its own transaction unless it is a single statement."""
+    if not atomic:
+        with django_connection.cursor() as cursor:
+            return work(_OnDjango(cursor))
     with transaction.atomic(durable=True), django_connection.cursor() as cursor:
         return work(_OnDjango(cursor))
 
@@ -142,11 +147,14 @@ def _transaction(work: Callable[[_Db], T]) -> T:
 
 async def run(work: Callable[[_Db], T]) -> T:
     """Run `work` in one write transaction on the loop; a busy database is waited for with sleeps."""
+    global transactions_on_loop
     deadline = time.monotonic() + BUSY_WAIT_S
     pause = 0.001
     while True:
         try:
-            return _transaction(work)
+            result = _transaction(work)
+            transactions_on_loop += 1
+            return result
         except sqlite3.OperationalError as exc:
             busy = "locked" in str(exc) or "busy" in str(exc)
             if not busy or time.monotonic() > deadline:
@@ -487,7 +495,7 @@ class SQLiteLedger:
         return (await run(_release(reservation_id, note, usage)))[1]
 
     def renew(self, *, reservation_id: UUID | str, lease_until: datetime) -> bool:
-        return _on_django(_renew(reservation_id, lease_until))
+        return _on_django(_renew(reservation_id, lease_until), atomic=False)  # one UPDATE
 
     async def renew_async(self, *, reservation_id: UUID | str, lease_until: datetime) -> bool:
         return await run(_renew(reservation_id, lease_until))
@@ -503,3 +511,6 @@ class SQLiteLedger:
             lease_passed=True,
         )
         return _on_django(work)[0]
+
+    def loop_round_trips(self) -> int:
+        return transactions_on_loop
