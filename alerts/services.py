@@ -27,7 +27,7 @@ from accounts.models import Account, ApiKey
 from accounts.selectors import account_owner_emails
 from alerts.models import AlertDelivery, AlertEvent, AlertSettings, KeyBudgetCrossing
 from alerts.webhooks import SIGNATURE_HEADER, event_body, new_signing_secret, signature_header
-from billing.ledger_sql import month_start
+from billing.ledger import month_start
 from billing.models import KeySpend
 from core.audit import audit_record
 from core.credits import display_credits, format_credits, parse_credits

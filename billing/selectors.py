@@ -9,7 +9,7 @@ from typing import Any
 from django.db.models import QuerySet, Sum
 
 from accounts.models import Account
-from billing.ledger_sql import month_start
+from billing.ledger import month_start
 from billing.models import KeySpend, LedgerEntry, UsageRecord
 from catalog.models import PublicModel
 from core.credits import format_credits

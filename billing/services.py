@@ -1,33 +1,30 @@
-"""Writes that move money: grant, reserve, settle, release, expire. The one interface to the ledger.
+"""Writes that move money: grant, reserve, settle, release, renew, expire. The one entry to the ledger.
 
-The engines behind it keep the same invariants and are chosen by the database: on PostgreSQL the
-gateway's reserve, settle and release are one statement each (billing.ledger_sql, on the event
-loop's pool for the async variants); on the embedded SQLite the sync callers use the ORM
-transactions of billing.ledger_orm and the event loop the plain-statement transactions of
-billing.ledger_sqlite on the process's own connection (the ORM on a thread cost ~10 ms a request).
-Grants and the sweeper's expiry are ORM transactions everywhere. The arithmetic (cost, bounds) is
-billing.pricing's; ledger_sql mirrors cost_of in SQL so a settle stays one statement.
+The money moves in billing.ledger's implementation for this process's database, chosen once at
+start-up (PostgreSQL: one statement each; SQLite: plain statements in one write transaction); see
+that package for the rules and what each relies on. Here: the reservation's fields, the token
+counts' bounds, a refusal's exception and message, and the usage listeners. Grants are ORM
+transactions everywhere (with their audit row). The `_async` functions are the gateway's; the sync
+ones serve the admin, the commands, the sweeper's task and the tests, on the same implementation.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
 from accounts.models import Account
-from billing import ledger_orm, ledger_sql, ledger_sqlite
+from billing.ledger import ReserveResult, ledger
 from billing.models import LedgerEntry, Reservation, UsageRecord
 from catalog.models import PublicModel
 from core.audit import actor_name, audit_record
 from core.credits import format_credits
-from core.db import db_write_call
 from core.outcome import RequestOutcome
 
 # Called with the UsageRecord after its transaction commits (live dashboard,
@@ -54,26 +51,16 @@ class InsufficientCredits(Exception):
 
 
 class KeyBudgetExceeded(Exception):
-    """The reservation does not fit what is left of the key's monthly budget."""
+    """The reservation does not fit what is left of the key's monthly budget; `needed` and `left` in micro-credits."""
+
+    def __init__(self, message: str = "key budget exceeded", *, needed: int = 0, left: int = 0) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.left = left
 
 
 class InvalidAmount(ValueError):
     pass
-
-
-@functools.cache
-def _vendor() -> str:
-    return connection.vendor  # read per call it was 2% of the gateway's CPU (a thread-local lookup)
-
-
-def _single_statements() -> bool:
-    """Whether this database runs the money path as single statements (PostgreSQL's CTEs)."""
-    return _vendor() == "postgresql"
-
-
-def _gateway_sqlite() -> bool:
-    """Whether the event loop's money calls go to the SQLite engine (billing.ledger_sqlite)."""
-    return _vendor() == "sqlite"
 
 
 def usage_fields(outcome: RequestOutcome | None, *, status: str, error_code: str = "") -> dict[str, Any]:
@@ -105,10 +92,6 @@ def _notify(record: UsageRecord | None, *, committed: bool) -> UsageRecord | Non
     return record
 
 
-def _as_usage(found: object) -> UsageRecord | None:
-    return found if isinstance(found, UsageRecord) else None
-
-
 def credits_grant(*, account: Account, amount: int, actor: object, note: str = "", via: str = "") -> LedgerEntry:
     """Add (or, negative, remove) available credits. A removal never takes available below zero.
 
@@ -128,12 +111,16 @@ def credits_grant(*, account: Account, amount: int, actor: object, note: str = "
                 needed=-amount,
                 available=available,
             )
-        entry = ledger_orm.ledger_append(
+        # Our UPDATE holds the account row's lock until commit: these are the balances it produced.
+        available, reserved = Account.objects.filter(pk=account.pk).values_list("available", "reserved").get()
+        entry = LedgerEntry.objects.create(
             account_id=account.pk,
             kind=LedgerEntry.Kind.GRANT,
             amount=amount,
             available_delta=amount,
             reserved_delta=0,
+            available_after=available,
+            reserved_after=reserved,
             actor=actor_name(actor),
             note=note,
         )
@@ -161,27 +148,14 @@ def _new_reservation(
     )
 
 
-def _reserve_statement(reservation: Reservation, budget: int | None) -> ledger_sql.Statement:
-    return ledger_sql.reserve(
-        budget=budget,
-        reservation_id=reservation.id,
-        account_id=reservation.account_id,
-        api_key_id=reservation.api_key_id,
-        model_id=reservation.model_id,
-        amount=reservation.amount,
-        input_price=reservation.input_price,
-        output_price=reservation.output_price,
-        request_id=reservation.request_id,
-        now=reservation.created_at,
-        lease_until=reservation.lease_until,
-    )
-
-
-def _held(reservation: Reservation, result: object) -> Reservation:
-    if not isinstance(result, ledger_sql.ReserveResult):
-        raise TypeError(f"a reserve returned {result!r}")
+def _held(reservation: Reservation, result: ReserveResult) -> Reservation:
     if result.refusal == "key_budget_exceeded":
-        raise KeyBudgetExceeded("this request's reservation does not fit what is left of the key's monthly budget")
+        raise KeyBudgetExceeded(
+            f"this request needs {format_credits(reservation.amount)} credits reserved; "
+            f"{format_credits(result.budget_left)} left of the key's monthly budget",
+            needed=reservation.amount,
+            left=result.budget_left,
+        )
     if not result.held:
         raise InsufficientCredits(
             f"this request needs {format_credits(reservation.amount)} credits reserved; "
@@ -209,9 +183,7 @@ def credits_reserve(
     reservation = _new_reservation(
         account_id=account_id, amount=amount, model=model, api_key_id=api_key_id, request_id=request_id
     )
-    if _single_statements():
-        return _held(reservation, ledger_sql.execute(_reserve_statement(reservation, budget)))
-    return _held(reservation, ledger_orm.reserve(reservation, budget=budget))
+    return _held(reservation, ledger().reserve(reservation, budget=budget))
 
 
 async def credits_reserve_async(
@@ -223,42 +195,11 @@ async def credits_reserve_async(
     request_id: str = "",
     budget: int | None = None,
 ) -> Reservation:
-    """credits_reserve for the event loop: on PostgreSQL one pooled statement, no thread hop."""
+    """credits_reserve for the event loop (the gateway's request_reserve)."""
     reservation = _new_reservation(
         account_id=account_id, amount=amount, model=model, api_key_id=api_key_id, request_id=request_id
     )
-    if _single_statements():
-        return _held(reservation, await ledger_sql.execute_async(_reserve_statement(reservation, budget)))
-    if _gateway_sqlite():
-        return _held(reservation, await ledger_sqlite.reserve(reservation, budget=budget))
-    return _held(reservation, await db_write_call(ledger_orm.reserve)(reservation, budget=budget))
-
-
-def _settle_statement(
-    reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
-) -> ledger_sql.Statement:
-    return ledger_sql.close(
-        reservation_id=reservation_id,
-        status=Reservation.Status.SETTLED,
-        kind=LedgerEntry.Kind.SETTLE,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        now=timezone.now(),
-        usage=usage,
-    )
-
-
-def _release_statement(reservation_id: UUID | str, note: str, usage: dict[str, Any] | None) -> ledger_sql.Statement:
-    return ledger_sql.close(
-        reservation_id=reservation_id,
-        status=Reservation.Status.RELEASED,
-        kind=LedgerEntry.Kind.RELEASE,
-        prompt_tokens=0,
-        completion_tokens=0,
-        now=timezone.now(),
-        note=note,
-        usage=usage,
-    )
+    return _held(reservation, await ledger().reserve_async(reservation, budget=budget))
 
 
 def _check_counts(prompt_tokens: int, completion_tokens: int) -> None:
@@ -284,14 +225,13 @@ def reservation_settle(
     recorded as `overrun`, and what could not be charged as `uncharged`.
     """
     _check_counts(prompt_tokens, completion_tokens)
-    usage = usage_fields(outcome, status=status)
-    if _single_statements():
-        found = ledger_sql.execute(_settle_statement(reservation_id, prompt_tokens, completion_tokens, usage))
-        return _notify(_as_usage(found), committed=False)
-    record = ledger_orm.settle(
-        reservation_id=reservation_id, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, usage=usage
+    record = ledger().settle(
+        reservation_id=reservation_id,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        usage=usage_fields(outcome, status=status),
     )
-    return _notify(record, committed=True)
+    return _notify(record, committed=False)
 
 
 async def reservation_settle_async(
@@ -302,29 +242,15 @@ async def reservation_settle_async(
     outcome: RequestOutcome | None = None,
     status: str = UsageRecord.Status.OK,
 ) -> UsageRecord | None:
-    """reservation_settle for the event loop: on PostgreSQL one pooled statement, no thread hop."""
-    if _gateway_sqlite():
-        _check_counts(prompt_tokens, completion_tokens)
-        record = await ledger_sqlite.settle(
-            reservation_id=reservation_id,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            usage=usage_fields(outcome, status=status),
-        )
-        return _notify(record, committed=True)
-    if not _single_statements():
-        return await db_write_call(reservation_settle)(
-            reservation_id=reservation_id,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            outcome=outcome,
-            status=status,
-        )
+    """reservation_settle for the event loop (the gateway's)."""
     _check_counts(prompt_tokens, completion_tokens)
-    statement = _settle_statement(
-        reservation_id, prompt_tokens, completion_tokens, usage_fields(outcome, status=status)
+    record = await ledger().settle_async(
+        reservation_id=reservation_id,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        usage=usage_fields(outcome, status=status),
     )
-    return _notify(_as_usage(await ledger_sql.execute_async(statement)), committed=True)
+    return _notify(record, committed=True)
 
 
 def _release_usage(error_code: str, outcome: RequestOutcome | None) -> dict[str, Any] | None:
@@ -340,27 +266,16 @@ def reservation_release(
     visible to the customer and to staff.
     """
     usage = _release_usage(error_code, outcome)
-    if _single_statements():
-        found = ledger_sql.execute(_release_statement(reservation_id, error_code, usage))
-        return _notify(_as_usage(found), committed=False)
-    record = ledger_orm.release(reservation_id=reservation_id, note=error_code, usage=usage)
-    return _notify(record, committed=True)
+    return _notify(ledger().release(reservation_id=reservation_id, note=error_code, usage=usage), committed=False)
 
 
 async def reservation_release_async(
     *, reservation_id: UUID | str, error_code: str = "", outcome: RequestOutcome | None = None
 ) -> UsageRecord | None:
-    """reservation_release for the event loop: on PostgreSQL one pooled statement, no thread hop."""
-    if _gateway_sqlite():
-        usage = _release_usage(error_code, outcome)
-        record = await ledger_sqlite.release(reservation_id=reservation_id, note=error_code, usage=usage)
-        return _notify(record, committed=True)
-    if not _single_statements():
-        return await db_write_call(reservation_release)(
-            reservation_id=reservation_id, error_code=error_code, outcome=outcome
-        )
-    statement = _release_statement(reservation_id, error_code, _release_usage(error_code, outcome))
-    return _notify(_as_usage(await ledger_sql.execute_async(statement)), committed=True)
+    """reservation_release for the event loop (the gateway's)."""
+    usage = _release_usage(error_code, outcome)
+    record = await ledger().release_async(reservation_id=reservation_id, note=error_code, usage=usage)
+    return _notify(record, committed=True)
 
 
 def reservations_expire(*, older_than: timedelta) -> int:
@@ -375,21 +290,15 @@ def reservations_expire(*, older_than: timedelta) -> int:
         .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
         .values_list("pk", flat=True)[:10_000]
     )
-    return sum(
-        ledger_orm.expire(reservation_id, note=f"held over {older_than}", now=now) for reservation_id in list(stale)
-    )
+    note = f"held over {older_than}"
+    return sum(ledger().expire(reservation_id=pk, note=note, now=now) for pk in list(stale))
 
 
 def reservation_renew(*, reservation_id: UUID | str) -> bool:
     """Push a held reservation's lease forward (its request is still running); False once it is closed."""
-    return bool(
-        Reservation.objects.filter(pk=reservation_id, status=Reservation.Status.HELD).update(
-            lease_until=timezone.now() + LEASE
-        )
-    )
+    return ledger().renew(reservation_id=reservation_id, lease_until=timezone.now() + LEASE)
 
 
 async def reservation_renew_async(*, reservation_id: UUID | str) -> bool:
-    if _gateway_sqlite():
-        return await ledger_sqlite.renew(reservation_id=reservation_id, lease_until=timezone.now() + LEASE)
-    return await db_write_call(reservation_renew)(reservation_id=reservation_id)
+    """reservation_renew for the event loop (the gateway's lease keeper)."""
+    return await ledger().renew_async(reservation_id=reservation_id, lease_until=timezone.now() + LEASE)

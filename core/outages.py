@@ -3,7 +3,7 @@ with docs/interface.md's 503 service_unavailable, never a hang and never a 500.
 
 `DatabaseUnavailable` is what every database call of the /v1 path raises when the database cannot be
 reached (a refused or timed-out connection, a pool that hands out none in time, a connection that broke
-mid-statement): core.db.db_call translates Django's errors, billing.ledger_sql psycopg's and the pool's.
+mid-statement): core.db.db_call translates Django's errors, billing.ledger.postgresql psycopg's and the pool's.
 """
 
 from __future__ import annotations

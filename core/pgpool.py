@@ -3,7 +3,7 @@
 Django's ORM reaches the database from a thread (sync_to_async): two thread hops
 per request, each with its own wake-ups and GIL hand-offs, were a third of the
 gateway's CPU under load. The three statements of the money path
-(billing.ledger_sql) are plain SQL already, so on PostgreSQL they run here,
+(billing.ledger.postgresql) are plain SQL already, so on PostgreSQL they run here,
 on the event loop, over prepared statements. The pool connects to the same
 database Django uses (its settings, so tests get the test database).
 """

@@ -55,10 +55,10 @@ def test_simultaneous_requests_never_overdraw(gateway_server, simulator):
 
 
 def test_a_warm_request_costs_two_queries(simulator, django_assert_num_queries):
-    """One statement to reserve and one to settle (billing's data-modifying CTEs on PostgreSQL), run on the
-    event loop's connection pool, so Django's own connection sees none; the key, the model, the worker and
-    its circuit state come from memory."""
-    from billing import ledger_sql
+    """One round trip to reserve and one to settle (PostgreSQL: a data-modifying CTE each on the event loop's
+    pool; SQLite: one transaction each on the process's own connection), so Django's own connection sees
+    none; the key, the model, the worker and its circuit state come from memory."""
+    from billing.ledger import ledger
     from speedinfer.asgi import application
 
     make_model(model_id="acme/model-1")
@@ -76,9 +76,9 @@ def test_a_warm_request_costs_two_queries(simulator, django_assert_num_queries):
             )
 
     assert async_to_sync(post)().status_code == 200  # warms the key cache, models, routing snapshot, last-used
-    before = ledger_sql.statements_on_pool
+    before = ledger().loop_round_trips()
     with django_assert_num_queries(0):
         response = async_to_sync(post)()
-    assert ledger_sql.statements_on_pool - before == 2
+    assert ledger().loop_round_trips() - before == 2
     assert response.status_code == 200
     assert Account.objects.get(pk=account.pk).reserved == 0

@@ -30,8 +30,8 @@ def test_budget_refuses_what_does_not_fit_and_counts_running_holds():
     key = make_key(account=account, monthly_budget=5 * MICRO).api_key
     model = make_model()
     first = credits_reserve(account_id=account.pk, amount=3 * MICRO, model=model, api_key_id=key.pk, budget=5 * MICRO)
-    # 3 held + 3 more > 5: refused although the account has 97 credits available.
-    with pytest.raises(KeyBudgetExceeded):
+    # 3 held + 3 more > 5: refused although the account has 97 credits available; the message has the figures.
+    with pytest.raises(KeyBudgetExceeded, match="needs 3.000000 credits reserved; 2.000000 left of the key's monthly"):
         credits_reserve(account_id=account.pk, amount=3 * MICRO, model=model, api_key_id=key.pk, budget=5 * MICRO)
     account.refresh_from_db()
     assert (account.available, account.reserved) == (97 * MICRO, 3 * MICRO)  # the refusal moved nothing

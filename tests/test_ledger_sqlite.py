@@ -1,7 +1,8 @@
-"""The gateway's SQLite money engine (billing.ledger_sqlite) against the ORM engine's results.
+"""The SQLite ledger's event-loop path (billing.ledger.sqlite on the process's own connection): what it
+writes reads back through the ORM, with the same results as its sync path (tests/test_credits.py).
 
 These run in the Makefile's SQLite pass (the embedded default); on PostgreSQL the async calls go to
-billing.ledger_sql, tested elsewhere. The engine has its own connection, so the tests commit.
+billing.ledger.postgresql, tested elsewhere. The connection is the process's own, so the tests commit.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def reconciled(account):
     return account
 
 
-def test_reserve_settle_release_move_the_money_like_the_orm_engine():
+def test_reserve_settle_release_move_the_money_and_read_back_through_the_orm():
     account = make_account(credits=10)
     model = make_model(input_price=1 * MICRO, output_price=2 * MICRO)
     key = make_key(account=account).api_key
@@ -102,7 +103,7 @@ def test_refusals_change_nothing():
     async def scenario():
         with pytest.raises(InsufficientCredits):
             await credits_reserve_async(account_id=account.pk, amount=2 * MICRO, model=model)
-        with pytest.raises(KeyBudgetExceeded):
+        with pytest.raises(KeyBudgetExceeded, match="needs 0.000101 credits reserved; 0.000100 left of the key's"):
             await credits_reserve_async(
                 account_id=account.pk, amount=101, model=model, api_key_id=key.pk, budget=budget
             )

@@ -40,7 +40,7 @@ from accounts.services import (
     member_set_role,
 )
 from alerts.models import AlertSettings
-from billing.ledger_sql import month_start
+from billing.ledger import month_start
 from billing.models import KeySpend
 from billing.services import InsufficientCredits, InvalidAmount, credits_grant
 from catalog.models import PublicModel

@@ -1,20 +1,16 @@
-"""The gateway's SQLite money engine: reserve, settle, release and renew on one connection that the
-gateway process owns, run on its event loop.
+"""The SQLite ledger: reserve, settle, release, renew and expire as a handful of plain statements in
+one write transaction each (SQLite takes one writer at a time). See billing.ledger for the interface.
 
-The embedded default's ORM engine (billing.ledger_orm) ran on a thread: every statement released and
-re-took the GIL against a busy event loop (a convoy of up to the 5 ms switch interval each), and the
-ORM's own work was most of a request's cost (make bench, README Performance). Here each operation is
-a handful of plain statements in one `BEGIN IMMEDIATE` transaction: SQLite takes one writer at a
-time anyway, so one connection per process loses nothing, and the loop is blocked for the few
-hundred microseconds a transaction takes. The invariants and the arithmetic are the ORM engine's,
-statement for statement (conditional UPDATE of the account, claimed reservation, ledger row with the
-balances after, key month row, charge capped at what the account can pay); billing.services chooses
-this engine for the async calls on SQLite, and tests/test_ledger_sqlite.py holds it to the same
-results as the ORM engine.
-
-Another process (the schedule's sweeper, a management command) may hold SQLite's write lock for a
+The async methods are the gateway's: they run on the event loop, on one connection the process owns,
+in `BEGIN IMMEDIATE`. The ORM on a thread cost ~10 ms a request (every statement released and
+re-took the GIL against a busy loop, and the ORM's own work was most of the cost; README
+Performance); here the loop is blocked for the few hundred microseconds a transaction takes.
+Another process (the schedule's sweeper, a management command) may hold the write lock for a
 moment: a busy database is retried with short sleeps on the loop, never by blocking it, for up to
 BUSY_WAIT_S; past that the gateway answers 503 (core.outages.DatabaseUnavailable).
+
+The sync methods (admin, commands, the sweeper, tests) run the same statements on Django's
+connection in `transaction.atomic`, so they see the caller's transaction and its busy timeout.
 """
 
 from __future__ import annotations
@@ -24,16 +20,16 @@ import sqlite3
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connection as django_connection
+from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import Account
-from billing.ledger_orm import settle_note
-from billing.ledger_sql import ReserveResult, month_start
+from billing.ledger import ReserveResult, month_start, settle_note
 from billing.models import KeySpend, LedgerEntry, Reservation, UsageRecord
 from billing.pricing import cost_of
 from core.outages import DatabaseUnavailable
@@ -77,6 +73,7 @@ _USAGE_INSERT = (
 _CLAIM_COLUMNS = "id, account_id, api_key_id, model_id, amount, input_price, output_price, request_id, created_at"
 
 _connection: sqlite3.Connection | None = None
+transactions_on_loop = 0  # committed by run(), for Ledger.loop_round_trips
 _connection_name: str = ""
 
 
@@ -106,7 +103,36 @@ def _uuid(value: UUID | str) -> str:
     return (value if isinstance(value, UUID) else UUID(str(value))).hex  # Django's char(32) form
 
 
-def _transaction(work: Callable[[sqlite3.Connection], T]) -> T:
+class _Db(Protocol):
+    """What a transaction's work needs: this process's sqlite3 connection, or Django's cursor."""
+
+    def execute(self, sql: str, params: Any = ..., /) -> Any: ...
+
+
+class _OnDjango:
+    """Django's connection for the sync callers: its cursor, rows by column name (as sqlite3.Row)."""
+
+    def __init__(self, cursor: Any) -> None:
+        cursor.cursor.row_factory = sqlite3.Row
+        self.cursor = cursor
+
+    def execute(self, sql: str, params: Any = (), /) -> Any:
+        # Django's placeholder is %s (its debug cursor formats the logged query with it); none of
+        # these statements has a literal "?".
+        self.cursor.execute(sql.replace("?", "%s"), params)
+        return self.cursor
+
+
+def _on_django(work: Callable[[_Db], T], *, atomic: bool = True) -> T:
+    """Run `work` on Django's connection, in its own transaction unless it is a single statement."""
+    if not atomic:
+        with django_connection.cursor() as cursor:
+            return work(_OnDjango(cursor))
+    with transaction.atomic(durable=True), django_connection.cursor() as cursor:
+        return work(_OnDjango(cursor))
+
+
+def _transaction(work: Callable[[_Db], T]) -> T:
     db = _db()
     db.execute("BEGIN IMMEDIATE")
     try:
@@ -119,13 +145,16 @@ def _transaction(work: Callable[[sqlite3.Connection], T]) -> T:
     return result
 
 
-async def run(work: Callable[[sqlite3.Connection], T]) -> T:
+async def run(work: Callable[[_Db], T]) -> T:
     """Run `work` in one write transaction on the loop; a busy database is waited for with sleeps."""
+    global transactions_on_loop
     deadline = time.monotonic() + BUSY_WAIT_S
     pause = 0.001
     while True:
         try:
-            return _transaction(work)
+            result = _transaction(work)
+            transactions_on_loop += 1
+            return result
         except sqlite3.OperationalError as exc:
             busy = "locked" in str(exc) or "busy" in str(exc)
             if not busy or time.monotonic() > deadline:
@@ -134,13 +163,13 @@ async def run(work: Callable[[sqlite3.Connection], T]) -> T:
         pause = min(pause * 2, 0.02)
 
 
-def _balances(db: sqlite3.Connection, account_id: int) -> tuple[int, int]:
+def _balances(db: _Db, account_id: int) -> tuple[int, int]:
     row = db.execute(f"SELECT available, reserved FROM {_ACCOUNT} WHERE id = ?", (account_id,)).fetchone()
     return int(row[0]), int(row[1])
 
 
 def _ledger(
-    db: sqlite3.Connection,
+    db: _Db,
     *,
     account_id: int,
     kind: str,
@@ -162,18 +191,18 @@ def _ledger(
 class _OverBudget(Exception):
     """Rolls the reserve's transaction back: the key's monthly budget would be exceeded."""
 
-    def __init__(self, available: int) -> None:
+    def __init__(self, available: int, budget_left: int) -> None:
         super().__init__("key budget exceeded")
         self.available = available
+        self.budget_left = budget_left
 
 
-async def reserve(reservation: Reservation, *, budget: int | None) -> ReserveResult:
-    """Hold reservation.amount (within the key's monthly `budget`) and save the reservation, or say why not."""
+def _reserve(reservation: Reservation, budget: int | None) -> Callable[[_Db], ReserveResult]:
     amount = reservation.amount
     created = _text(reservation.created_at)
     lease = _text(reservation.lease_until) if reservation.lease_until else None
 
-    def work(db: sqlite3.Connection) -> ReserveResult:
+    def work(db: _Db) -> ReserveResult:
         held = db.execute(
             f"UPDATE {_ACCOUNT} SET available = available - ?, reserved = reserved + ? WHERE id = ? AND available >= ?",
             (amount, amount, reservation.account_id, amount),
@@ -214,13 +243,16 @@ async def reserve(reservation: Reservation, *, budget: int | None) -> ReserveRes
         )
         return ReserveResult(held=True)
 
-    try:
-        return await run(work)
-    except _OverBudget as refusal:
-        return ReserveResult(held=False, refusal="key_budget_exceeded", available=refusal.available)
+    return work
 
 
-def _key_spend_hold(db: sqlite3.Connection, reservation: Reservation, budget: int | None) -> None:
+def _over_budget(refusal: _OverBudget) -> ReserveResult:
+    return ReserveResult(
+        held=False, refusal="key_budget_exceeded", available=refusal.available, budget_left=refusal.budget_left
+    )
+
+
+def _key_spend_hold(db: _Db, reservation: Reservation, budget: int | None) -> None:
     month = str(month_start(reservation.created_at))
     key = reservation.api_key_id
     db.execute(
@@ -234,10 +266,14 @@ def _key_spend_hold(db: sqlite3.Connection, reservation: Reservation, budget: in
         sql += " AND spent + reserved + ? <= ?"
         params += (reservation.amount, budget)
     if db.execute(sql, params).rowcount != 1:
-        raise _OverBudget(_balances(db, reservation.account_id)[0])
+        assert budget is not None  # the row exists: only the budget's condition can refuse
+        spent, reserved = db.execute(
+            f"SELECT spent, reserved FROM {_SPEND} WHERE api_key_id = ? AND month = ?", (key, month)
+        ).fetchone()
+        raise _OverBudget(_balances(db, reservation.account_id)[0], max(0, budget - spent - reserved))
 
 
-def _key_spend_close(db: sqlite3.Connection, claimed: sqlite3.Row, *, held: int, charged: int) -> None:
+def _key_spend_close(db: _Db, claimed: sqlite3.Row, *, held: int, charged: int) -> None:
     if claimed["api_key_id"] is None:
         return
     month = str(month_start(_parse(claimed["created_at"])))
@@ -247,14 +283,13 @@ def _key_spend_close(db: sqlite3.Connection, claimed: sqlite3.Row, *, held: int,
     )
 
 
-def _parse(text: str) -> datetime:
-    """A datetime Django stored in SQLite (UTC, naive text) back as an aware one."""
-    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+def _parse(stored: str | datetime) -> datetime:
+    """A datetime Django stored in SQLite (UTC, naive text) back as an aware one. Django's connection
+    converts a datetime column itself (naive UTC); this process's own connection returns the text."""
+    return (stored if isinstance(stored, datetime) else datetime.fromisoformat(stored)).replace(tzinfo=UTC)
 
 
-def _usage(
-    db: sqlite3.Connection, claimed: sqlite3.Row, usage: dict[str, Any], now: datetime, **charge: int
-) -> UsageRecord:
+def _usage(db: _Db, claimed: sqlite3.Row, usage: dict[str, Any], now: datetime, **charge: int) -> UsageRecord:
     fields: dict[str, Any] = {
         "account_id": claimed["account_id"],
         "api_key_id": claimed["api_key_id"],
@@ -282,22 +317,28 @@ def _usage(
     return record
 
 
-def _claim(db: sqlite3.Connection, reservation_id: UUID | str, status: str, now: str) -> sqlite3.Row | None:
+def _claim(
+    db: _Db, reservation_id: UUID | str, status: str, now: str, *, lease_passed: bool = False
+) -> sqlite3.Row | None:
+    """Move a held reservation to `status`; None when another path closed it (or, with `lease_passed`,
+    when its request renewed the lease meanwhile)."""
+    lease = " AND (lease_until IS NULL OR lease_until < ?)" if lease_passed else ""
     return db.execute(
-        f"UPDATE {_RESERVATION} SET status = ?, closed_at = ? WHERE id = ? AND status = 'held' "
+        f"UPDATE {_RESERVATION} SET status = ?, closed_at = ? WHERE id = ? AND status = 'held'{lease} "
         f"RETURNING {_CLAIM_COLUMNS}",
-        (status, now, _uuid(reservation_id)),
+        (status, now, _uuid(reservation_id), *((now,) if lease_passed else ())),
     ).fetchone()
 
 
-async def settle(
-    *, reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
-) -> UsageRecord | None:
-    """ledger_orm.settle's transaction: charge the counts' cost, capped at what the account can pay."""
+def _settle(
+    reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+) -> Callable[[_Db], UsageRecord | None]:
+    """Charge the counts' cost, capped at what the account can pay; a reservation the sweeper expired
+    meanwhile is still charged (from available: its hold went back then)."""
     moment = timezone.now()
     now = _text(moment)
 
-    def work(db: sqlite3.Connection) -> UsageRecord | None:
+    def work(db: _Db) -> UsageRecord | None:
         claimed = _claim(db, reservation_id, Reservation.Status.SETTLED, now)
         was_held = claimed is not None
         if claimed is None:  # expired meanwhile: its content must still be paid for (it keeps its closed_at)
@@ -315,6 +356,7 @@ async def settle(
             input_price=claimed["input_price"],
             output_price=claimed["output_price"],
         )
+        # The claim's UPDATE took the database's write lock: this balance is the one changed below.
         available = _balances(db, claimed["account_id"])[0]
         charged = min(cost, held + available)
         db.execute(
@@ -346,46 +388,66 @@ async def settle(
             uncharged=cost - charged,
         )
 
-    return await run(work)
+    return work
 
 
-async def release(*, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None) -> UsageRecord | None:
-    """ledger_orm.release's transaction: return the whole hold; with `usage`, a zero-cost usage row."""
-    moment = timezone.now()
+def _return_hold(
+    reservation_id: UUID | str,
+    *,
+    status: str,
+    kind: str,
+    actor: str,
+    note: str,
+    usage: dict[str, Any] | None = None,
+    moment: datetime | None = None,
+    lease_passed: bool = False,
+) -> Callable[[_Db], tuple[bool, UsageRecord | None]]:
+    """A release (or the sweeper's expiry): return the whole hold; with `usage`, a zero-cost usage row.
+    The work's result says whether the reservation was claimed."""
+    moment = moment or timezone.now()
     now = _text(moment)
 
-    def work(db: sqlite3.Connection) -> UsageRecord | None:
-        claimed = _claim(db, reservation_id, Reservation.Status.RELEASED, now)
+    def work(db: _Db) -> tuple[bool, UsageRecord | None]:
+        claimed = _claim(db, reservation_id, status, now, lease_passed=lease_passed)
         if claimed is None:
-            return None
+            return False, None
         amount = claimed["amount"]
         db.execute(
             f"UPDATE {_ACCOUNT} SET available = available + ?, reserved = reserved - ? WHERE id = ?",
             (amount, amount, claimed["account_id"]),
         )
-        _key_spend_close(db, claimed, held=amount, charged=0)
+        _key_spend_close(db, claimed, held=amount, charged=0)  # after the account: the lock order
         _ledger(
             db,
             account_id=claimed["account_id"],
-            kind=LedgerEntry.Kind.RELEASE,
+            kind=kind,
             amount=amount,
             available_delta=amount,
             reserved_delta=-amount,
             reference=str(UUID(claimed["id"])),
-            actor="gateway",
+            actor=actor,
             note=note,
             now=now,
         )
-        return None if usage is None else _usage(db, claimed, usage, moment)
+        return True, None if usage is None else _usage(db, claimed, usage, moment)
 
-    return await run(work)
+    return work
 
 
-async def renew(*, reservation_id: UUID | str, lease_until: datetime) -> bool:
-    """Push a held reservation's lease forward; False once it is closed."""
+def _release(reservation_id: UUID | str, note: str, usage: dict[str, Any] | None) -> Callable[[_Db], Any]:
+    return _return_hold(
+        reservation_id,
+        status=Reservation.Status.RELEASED,
+        kind=LedgerEntry.Kind.RELEASE,
+        actor="gateway",
+        note=note,
+        usage=usage,
+    )
 
-    def work(db: sqlite3.Connection) -> bool:
-        return (
+
+def _renew(reservation_id: UUID | str, lease_until: datetime) -> Callable[[_Db], bool]:
+    def work(db: _Db) -> bool:
+        return bool(
             db.execute(
                 f"UPDATE {_RESERVATION} SET lease_until = ? WHERE id = ? AND status = 'held'",
                 (_text(lease_until), _uuid(reservation_id)),
@@ -393,4 +455,62 @@ async def renew(*, reservation_id: UUID | str, lease_until: datetime) -> bool:
             == 1
         )
 
-    return await run(work)
+    return work
+
+
+class SQLiteLedger:
+    """billing.ledger.Ledger on SQLite: the same statements on the process's own connection on the
+    event loop (async) or on Django's connection (sync)."""
+
+    vendor = "sqlite"
+
+    def reserve(self, reservation: Reservation, *, budget: int | None) -> ReserveResult:
+        try:
+            return _on_django(_reserve(reservation, budget))
+        except _OverBudget as refusal:
+            return _over_budget(refusal)
+
+    async def reserve_async(self, reservation: Reservation, *, budget: int | None) -> ReserveResult:
+        try:
+            return await run(_reserve(reservation, budget))
+        except _OverBudget as refusal:
+            return _over_budget(refusal)
+
+    def settle(
+        self, *, reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+    ) -> UsageRecord | None:
+        return _on_django(_settle(reservation_id, prompt_tokens, completion_tokens, usage))
+
+    async def settle_async(
+        self, *, reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+    ) -> UsageRecord | None:
+        return await run(_settle(reservation_id, prompt_tokens, completion_tokens, usage))
+
+    def release(self, *, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None) -> UsageRecord | None:
+        return _on_django(_release(reservation_id, note, usage))[1]
+
+    async def release_async(
+        self, *, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None
+    ) -> UsageRecord | None:
+        return (await run(_release(reservation_id, note, usage)))[1]
+
+    def renew(self, *, reservation_id: UUID | str, lease_until: datetime) -> bool:
+        return _on_django(_renew(reservation_id, lease_until), atomic=False)  # one UPDATE
+
+    async def renew_async(self, *, reservation_id: UUID | str, lease_until: datetime) -> bool:
+        return await run(_renew(reservation_id, lease_until))
+
+    def expire(self, *, reservation_id: UUID | str, note: str, now: datetime) -> bool:
+        work = _return_hold(
+            reservation_id,
+            status=Reservation.Status.EXPIRED,
+            kind=LedgerEntry.Kind.EXPIRE,
+            actor="sweeper",
+            note=note,
+            moment=now,
+            lease_passed=True,
+        )
+        return _on_django(work)[0]
+
+    def loop_round_trips(self) -> int:
+        return transactions_on_loop

@@ -1,27 +1,28 @@
-"""The PostgreSQL money engine: the gateway's reserve, settle and release, one round trip each.
+"""The PostgreSQL ledger: reserve, settle, release, renew and expire, one statement (one round trip) each.
 
-Reserve, settle and release each run as ONE statement whose data-modifying CTEs
-do what the ORM engine (billing.ledger_orm) does in five or six queries: the
-conditional account UPDATE (row-locked until the statement commits), the
-reservation claim with its row-count check, and the append-only ledger and
-usage rows with the balances the UPDATE returned. A single statement is its own
-transaction, so the invariants are the same as the ORM path's; only the number
-of round trips (and Python-side ORM work) changes. Tests run both paths.
+Each money operation is ONE statement whose data-modifying CTEs do the whole transaction: the
+conditional account UPDATE (row-locked until the statement commits), the reservation claim with its
+row-count check, the key month row, and the append-only ledger and usage rows with the balances the
+UPDATE returned. A single statement is its own transaction. The sync methods run it on Django's
+connection (inside a caller's transaction, if any), the async ones on the event loop's pool. See
+billing.ledger for the interface and the rules.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from django.db import connection
+from django.utils import timezone
 from psycopg_pool import PoolTimeout
 
 from accounts.models import Account
+from billing.ledger import ReserveResult, month_start
 from billing.models import KeySpend, LedgerEntry, Reservation, UsageRecord
 from core.outages import PSYCOPG_DB_ERRORS, DatabaseUnavailable
 from core.pgpool import discard_pool, get_pool
@@ -56,10 +57,14 @@ res AS (
 """
 
 # Columns: held (0 or 1), whether the account's credits sufficed (CTE `ok`), the account's available
-# balance (for the refusal's message; a snapshot read, never used for a decision).
+# balance and, with a budget, the key's spent + reserved this month (for the refusal's message;
+# snapshot reads from before the statement, never used for a decision).
 _RESERVE_RESULT = f"""
 SELECT (SELECT count(*) FROM res), (SELECT count(*) FROM ok),
     (SELECT available FROM {_ACCOUNT} WHERE id = %(account_id)s::bigint)
+"""
+_BUDGET_USED = f""",
+    (SELECT spent + reserved FROM {_SPEND} WHERE api_key_id = %(api_key_id)s::bigint AND month = %(month)s::date)
 """
 
 # A key without a budget: the key's month row only records the hold, after the account's UPDATE
@@ -104,17 +109,9 @@ WITH ok AS (
     RETURNING id, available, reserved
 ),"""
     + _RESERVE_TAIL
-    + _RESERVE_RESULT
+    + _RESERVE_RESULT.rstrip()
+    + _BUDGET_USED
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ReserveResult:
-    """A reservation's outcome: held, or why not ("insufficient_credits" or "key_budget_exceeded")."""
-
-    held: bool
-    refusal: str = ""
-    available: int = 0
 
 
 # The cost is computed in numeric so tokens x price cannot overflow bigint; it
@@ -192,6 +189,39 @@ SELECT * FROM usage
 
 CLOSE_WITHOUT_USAGE = _CLAIM_AND_COST + "SELECT count(*) FROM c"
 
+# The sweeper's release of a reservation whose process died: claimed only while still held and its
+# lease passed (a renewal or a settle racing it wins or loses on the reservation's row lock), then
+# the same account, ledger and key month moves as a release, in the same lock order.
+EXPIRE = f"""
+WITH res AS (
+    UPDATE {_RESERVATION} SET status = 'expired', closed_at = %(now)s::timestamptz
+    WHERE id = %(id)s::uuid AND status = 'held' AND (lease_until IS NULL OR lease_until < %(now)s::timestamptz)
+    RETURNING id, account_id, api_key_id, amount, created_at
+), acc AS (
+    UPDATE {_ACCOUNT} a SET available = a.available + res.amount, reserved = a.reserved - res.amount
+    FROM res WHERE a.id = res.account_id
+    RETURNING a.id, a.available, a.reserved
+), led AS (
+    INSERT INTO {_LEDGER} ({_LEDGER_COLUMNS})
+    SELECT acc.id, 'expire', res.amount, res.amount, -res.amount, acc.available, acc.reserved,
+        %(reference)s::varchar, 'sweeper', %(note)s::text, %(now)s::timestamptz
+    FROM acc, res
+), ks AS (
+    UPDATE {_SPEND} s SET reserved = s.reserved - res.amount
+    FROM acc, res
+    WHERE s.api_key_id = res.api_key_id AND s.month = date_trunc('month', res.created_at AT TIME ZONE 'UTC')::date
+)
+SELECT count(*) FROM res
+"""
+
+RENEW = f"""
+WITH res AS (
+    UPDATE {_RESERVATION} SET lease_until = %(lease_until)s::timestamptz WHERE id = %(id)s::uuid AND status = 'held'
+    RETURNING 1
+)
+SELECT count(*) FROM res
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class Statement:
@@ -239,11 +269,6 @@ def reserve(
     return Statement(sql, params, returns_usage=False, is_reserve=True)
 
 
-def month_start(moment: datetime) -> date:
-    """The first day of `moment`'s calendar month in UTC: the key spend row it counts in."""
-    return moment.astimezone(UTC).date().replace(day=1)
-
-
 def close(
     *,
     reservation_id: UUID | str,
@@ -285,8 +310,10 @@ def _result(
         assert row is not None  # the final SELECT always returns one row
         if row[0] == 1:
             return ReserveResult(held=True)
-        refusal = "key_budget_exceeded" if row[1] == 1 else "insufficient_credits"
-        return ReserveResult(held=False, refusal=refusal, available=row[2] or 0)
+        if row[1] != 1:
+            return ReserveResult(held=False, refusal="insufficient_credits", available=row[2] or 0)
+        left = max(0, statement.params["budget"] - (row[3] or 0))
+        return ReserveResult(held=False, refusal="key_budget_exceeded", available=row[2] or 0, budget_left=left)
     if not statement.returns_usage:
         return bool(row and row[0] == 1)
     if row is None:
@@ -356,3 +383,105 @@ async def _execute_async(statement: Statement) -> UsageRecord | ReserveResult | 
 # Statements run through the async pool in this process: Django's query capture
 # does not see them, so the hot path's query-count test reads this.
 statements_on_pool = 0
+
+
+def _reserve_statement(reservation: Reservation, budget: int | None) -> Statement:
+    return reserve(
+        budget=budget,
+        reservation_id=reservation.id,
+        account_id=reservation.account_id,
+        api_key_id=reservation.api_key_id,
+        model_id=reservation.model_id,
+        amount=reservation.amount,
+        input_price=reservation.input_price,
+        output_price=reservation.output_price,
+        request_id=reservation.request_id,
+        now=reservation.created_at,
+        lease_until=reservation.lease_until,
+    )
+
+
+def _settle_statement(
+    reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+) -> Statement:
+    return close(
+        reservation_id=reservation_id,
+        status=Reservation.Status.SETTLED,
+        kind=LedgerEntry.Kind.SETTLE,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        now=timezone.now(),
+        usage=usage,
+    )
+
+
+def _release_statement(reservation_id: UUID | str, note: str, usage: dict[str, Any] | None) -> Statement:
+    return close(
+        reservation_id=reservation_id,
+        status=Reservation.Status.RELEASED,
+        kind=LedgerEntry.Kind.RELEASE,
+        prompt_tokens=0,
+        completion_tokens=0,
+        now=timezone.now(),
+        note=note,
+        usage=usage,
+    )
+
+
+def _renew_statement(reservation_id: UUID | str, lease_until: datetime) -> Statement:
+    return Statement(RENEW, {"id": reservation_id, "lease_until": lease_until}, returns_usage=False)
+
+
+def _reserved(found: object) -> ReserveResult:
+    if not isinstance(found, ReserveResult):
+        raise TypeError(f"a reserve returned {found!r}")
+    return found
+
+
+def _usage(found: object) -> UsageRecord | None:
+    return found if isinstance(found, UsageRecord) else None
+
+
+class PostgreSQLLedger:
+    """billing.ledger.Ledger on PostgreSQL: each operation one statement, on Django's connection
+    (sync) or the event loop's pool (async)."""
+
+    vendor = "postgresql"
+
+    def reserve(self, reservation: Reservation, *, budget: int | None) -> ReserveResult:
+        return _reserved(execute(_reserve_statement(reservation, budget)))
+
+    async def reserve_async(self, reservation: Reservation, *, budget: int | None) -> ReserveResult:
+        return _reserved(await execute_async(_reserve_statement(reservation, budget)))
+
+    def settle(
+        self, *, reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+    ) -> UsageRecord | None:
+        return _usage(execute(_settle_statement(reservation_id, prompt_tokens, completion_tokens, usage)))
+
+    async def settle_async(
+        self, *, reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+    ) -> UsageRecord | None:
+        statement = _settle_statement(reservation_id, prompt_tokens, completion_tokens, usage)
+        return _usage(await execute_async(statement))
+
+    def release(self, *, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None) -> UsageRecord | None:
+        return _usage(execute(_release_statement(reservation_id, note, usage)))
+
+    async def release_async(
+        self, *, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None
+    ) -> UsageRecord | None:
+        return _usage(await execute_async(_release_statement(reservation_id, note, usage)))
+
+    def renew(self, *, reservation_id: UUID | str, lease_until: datetime) -> bool:
+        return execute(_renew_statement(reservation_id, lease_until)) is True
+
+    async def renew_async(self, *, reservation_id: UUID | str, lease_until: datetime) -> bool:
+        return await execute_async(_renew_statement(reservation_id, lease_until)) is True
+
+    def expire(self, *, reservation_id: UUID | str, note: str, now: datetime) -> bool:
+        params = {"id": reservation_id, "now": now, "note": note, "reference": str(reservation_id)}
+        return execute(Statement(EXPIRE, params, returns_usage=False)) is True
+
+    def loop_round_trips(self) -> int:
+        return statements_on_pool
