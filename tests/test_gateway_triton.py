@@ -8,7 +8,8 @@ import openai
 import pytest
 
 from billing.models import Reservation, UsageRecord
-from tests.factories import money
+from tests.factories import make_account, make_key, make_model, money
+from tests.servers import register_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway"), pytest.mark.triton]
 NAMES: dict[str, Any] = {
