@@ -8,6 +8,7 @@
   const status = document.getElementById("live-status");
   const empty = document.getElementById("recent-empty");
   const maxRows = 50;
+  const grouped = new Intl.NumberFormat("en-US");
   let delay = 1000;
 
   function cell(text, className) {
@@ -35,10 +36,10 @@
     st.appendChild(badge);
     if (u.error_code) st.appendChild(document.createTextNode(" " + u.error_code));
     tr.appendChild(st);
-    tr.appendChild(cell(String(u.prompt_tokens), "num"));
-    tr.appendChild(cell(String(u.completion_tokens), "num"));
-    tr.appendChild(cell(u.cost, "num"));
-    tr.appendChild(cell(u.latency_ms + " ms", "num"));
+    tr.appendChild(cell(grouped.format(u.prompt_tokens), "num"));
+    tr.appendChild(cell(grouped.format(u.completion_tokens), "num"));
+    tr.appendChild(cell(u.cost_display || u.cost, "num"));
+    tr.appendChild(cell(grouped.format(u.latency_ms) + " ms", "num"));
     body.insertBefore(tr, body.firstChild);
     while (body.rows.length > maxRows) body.deleteRow(body.rows.length - 1);
     if (empty) empty.hidden = true;
@@ -55,8 +56,8 @@
     setCard("balance", s.available, s.available_exact);
     setCard("reserved", s.reserved, s.reserved_exact);
     setCard("spend-month", s.spend_month, s.spend_month_exact);
-    setCard("requests-today", String(s.requests_today));
-    setCard("tokens-today", String(s.tokens_today));
+    setCard("requests-today", grouped.format(s.requests_today));
+    setCard("tokens-today", grouped.format(s.tokens_today));
   }
 
   function connect() {
