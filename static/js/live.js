@@ -11,9 +11,10 @@
   const grouped = new Intl.NumberFormat("en-US");
   let delay = 1000;
 
-  function cell(text, className) {
+  function cell(text, className, label) {
     const td = document.createElement("td");
     if (className) td.className = className;
+    if (label) td.dataset.label = label;
     td.textContent = text;
     return td;
   }
@@ -26,20 +27,22 @@
     const t = document.createElement("time");
     t.dateTime = u.created_at;
     t.textContent = u.created_at.replace("T", " ").slice(0, 19);
+    time.dataset.label = "Time (UTC)";
     time.appendChild(t);
     tr.appendChild(time);
-    tr.appendChild(cell(u.model, "mono"));
+    tr.appendChild(cell(u.model, "mono", "Model"));
     const st = document.createElement("td");
+    st.dataset.label = "Status";
     const badge = document.createElement("span");
     badge.className = "badge badge-" + u.status;
     badge.textContent = u.status_display;
     st.appendChild(badge);
     if (u.error_code) st.appendChild(document.createTextNode(" " + u.error_code));
     tr.appendChild(st);
-    tr.appendChild(cell(grouped.format(u.prompt_tokens), "num"));
-    tr.appendChild(cell(grouped.format(u.completion_tokens), "num"));
-    tr.appendChild(cell(u.cost_display || u.cost, "num"));
-    tr.appendChild(cell(grouped.format(u.latency_ms) + " ms", "num"));
+    tr.appendChild(cell(grouped.format(u.prompt_tokens), "num", "Prompt"));
+    tr.appendChild(cell(grouped.format(u.completion_tokens), "num", "Completion"));
+    tr.appendChild(cell(u.cost_display || u.cost, "num", "Cost"));
+    tr.appendChild(cell(grouped.format(u.latency_ms) + " ms", "num", "Latency"));
     body.insertBefore(tr, body.firstChild);
     while (body.rows.length > maxRows) body.deleteRow(body.rows.length - 1);
     if (empty) empty.hidden = true;
