@@ -314,6 +314,7 @@ def test_first_day_layouts_at_1280_and_390(
 
                 # 3 and 11. The keys table fits its card; on a phone every column is on screen.
                 page.goto(f"{base}/dashboard/keys/")
+                page.screenshot(path=str(shots / f"keys-{width}.png"), full_page=True)
                 row = f'tr[data-key="{key.prefix}"]'
                 for label in (
                     "Name",
@@ -334,7 +335,6 @@ def test_first_day_layouts_at_1280_and_390(
                     table = page.locator(".keys-table").bounding_box()
                     card = page.locator("section.card").first.bounding_box()
                     assert table and card and table["width"] <= card["width"]
-                page.screenshot(path=str(shots / f"keys-{width}.png"), full_page=True)
 
                 page.goto(f"{base}/dashboard/usage/")
                 for date in page.locator("h2 .nowrap").all():  # a heading never breaks inside a date
