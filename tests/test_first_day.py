@@ -75,10 +75,16 @@ def test_anyone_sees_the_models_prices_and_whether_they_are_up(client, db, simul
     page = client.get("/models/")
     html = page.content.decode()
     assert page.status_code == 200
-    row = re.search(r'<tr data-model="acme/model-1">(.*?)</tr>', html, re.S).group(1)
+    row = _row(html, "acme/model-1")
     assert "1.50" in row and "2.00" in row and "16,384" in row and ">up<" in row
-    assert ">down<" in re.search(r'<tr data-model="acme/offline">(.*?)</tr>', html, re.S).group(1)
+    assert ">down<" in _row(html, "acme/offline")
     assert simulator.base_url not in html and "sim-1" not in html
+
+
+def _row(html: str, model_id: str) -> str:
+    found = re.search(rf'<tr data-model="{re.escape(model_id)}">(.*?)</tr>', html, re.S)
+    assert found, model_id
+    return found.group(1)
 
 
 # 4. Refused requests are counted for the customer, with their codes; nothing charged, no usage row.
