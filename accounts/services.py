@@ -152,7 +152,15 @@ def api_key_create(
     api_key.full_clean()
     with transaction.atomic():
         api_key.save()
-        _audit(actor, "key.create", api_key, via=via, scopes=api_key.scopes, models=api_key.allowed_models)
+        _audit(
+            actor,
+            "key.create",
+            api_key,
+            via=via,
+            scopes=api_key.scopes,
+            models=api_key.allowed_models,
+            budget=_budget_words(api_key.monthly_budget),
+        )
     return CreatedKey(api_key=api_key, secret=secret)
 
 
@@ -168,13 +176,14 @@ def api_key_set_budget(*, api_key: ApiKey, monthly_budget: int | None, actor: ob
     with transaction.atomic():
         ApiKey.objects.filter(pk=api_key.pk).update(monthly_budget=monthly_budget)
         api_key.monthly_budget = monthly_budget
-        _audit(actor, "key.budget", api_key, via=via, budget=_credits_or_none(monthly_budget))
+        _audit(actor, "key.budget", api_key, via=via, budget=_budget_words(monthly_budget))
     key_cache.forget(api_key.digest)
     return api_key
 
 
-def _credits_or_none(micro: int | None) -> str | None:
-    return None if micro is None else format_credits(micro)
+def _budget_words(micro: int | None) -> str:
+    """A key's budget as the audit log reads it: "5.000000 credits a month", or "none" once cleared."""
+    return "none" if micro is None else f"{format_credits(micro)} credits a month"
 
 
 def api_key_revoke(*, api_key: ApiKey, actor: object = "", via: str = "") -> ApiKey:

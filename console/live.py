@@ -32,7 +32,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from billing.models import UsageRecord
-from core.credits import format_credits
+from core.credits import display_credits, format_credits
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ def usage_event(record: UsageRecord) -> dict[str, Any]:
         "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens,
         "cost": format_credits(record.cost),
+        "cost_display": display_credits(record.cost),  # as the page's rows show it (core.credits)
         "latency_ms": record.latency_ms,
     }
 

@@ -11,6 +11,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from console.dashboard.selectors import models_for_customers
+
 _V1_DOCUMENT = Path(__file__).parent / "reference" / "openapi-v1.yaml"
 
 
@@ -28,6 +30,12 @@ def _api_base(request: HttpRequest) -> str:
 @require_GET
 def landing(request: HttpRequest) -> HttpResponse:
     return render(request, "landing.html", {"api_base": _api_base(request)})
+
+
+@require_GET
+def prices(request: HttpRequest) -> HttpResponse:
+    """The public price list: what a visitor needs before signing up (no endpoints, no workers named)."""
+    return render(request, "prices.html", {"models": models_for_customers()})
 
 
 @require_GET

@@ -1,4 +1,13 @@
-"""Credits at the edges: micro-credits (the integer every balance and price is kept in) to and from decimal strings."""
+"""Credits at the edges: micro-credits (the integer every balance and price is kept in) to and from decimal strings.
+
+The one rule for showing an amount:
+- for machines (the /v1 and staff APIs, CSV exports, commands' output): `format_credits`, always
+  exactly six decimals ("0.000010", "12.500000"), so a parser never meets two shapes;
+- for people (dashboard, admin, messages): `display_credits`, thousands grouped, trailing zeros
+  trimmed to at least two decimals, at most six ("0.00001", "12.50", "1,234.00"), with the exact
+  six-decimal figure in the element's title where space allows.
+Token and request counts on pages are grouped by thousands (`{{ n|tokens }}`).
+"""
 
 from __future__ import annotations
 

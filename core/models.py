@@ -18,13 +18,13 @@ class AuditLog(models.Model):
     action = models.CharField(max_length=64, db_index=True, help_text="e.g. key.create, credits.grant")
     target_type = models.CharField(max_length=64, blank=True)
     target_id = models.CharField(max_length=200, blank=True)
-    target_repr = models.CharField(max_length=300, blank=True)
+    target_repr = models.CharField("target", max_length=300, blank=True)
     detail = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
         verbose_name = "audit log entry"
-        verbose_name_plural = "audit log"
+        verbose_name_plural = "audit log entries"
         # Moved from accounts: the table and its index keep their names (core/0001, accounts/0003).
         db_table = "accounts_auditlog"
         indexes = [models.Index(fields=["target_type", "target_id"], name="accounts_au_target__0c7dca_idx")]

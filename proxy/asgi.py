@@ -8,16 +8,20 @@ hops for a completion, none for authentication on a warm key).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from accounts.selectors import api_key_authenticate_async
 from catalog import cache as catalog
 from catalog.models import PublicModel
 from core.credits import format_credits
 from core.db import db_call
 from core.metrics import observe_request
 from core.outages import DB_ERRORS, DatabaseUnavailable, RedisUnavailable
+from core.outcome import RequestOutcome
+from core.refusals import is_refusal, note_refusal
 from core.request_log import log_request
 from proxy.auth import authenticate
 from proxy.errors import GatewayError
@@ -144,6 +148,37 @@ async def gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
         ex.outcome.endpoint = path if route is not None else "other"
         observe_request(ex.outcome)
         log_request(ex.outcome)
+        if ex.outcome.status >= 400:
+            _count_refusal(ex)
+
+
+_refusal_lookups: set[asyncio.Task[None]] = set()
+
+
+def _count_refusal(ex: Exchange) -> None:
+    """A refused request is counted for its key's account (core.refusals). A body refused before its
+    key was looked at (the gateway parses first) has its key looked up after the answer went out."""
+    outcome = ex.outcome
+    if outcome.account_id is None and outcome.status == 400 and outcome.error_code == "invalid_request":
+        raw = ex.bearer()
+        if raw:
+            task = asyncio.get_running_loop().create_task(_count_after_lookup(raw, outcome))
+            _refusal_lookups.add(task)
+            task.add_done_callback(_refusal_lookups.discard)
+    elif is_refusal(outcome):
+        note_refusal(outcome)
+
+
+async def _count_after_lookup(raw_key: str, outcome: RequestOutcome) -> None:
+    try:
+        key = (await api_key_authenticate_async(raw_key=raw_key)).key
+    except Exception as exc:  # an outage loses the count, nothing else
+        log.warning("request %s: refusal not counted: %s", outcome.request_id, exc)
+        return
+    if key is not None:
+        outcome.account_id, outcome.key_prefix = key.account_id, key.prefix
+        if is_refusal(outcome):
+            note_refusal(outcome)
 
 
 _UNREACHABLE: tuple[type[Exception], ...] = (DatabaseUnavailable, RedisUnavailable, *DB_ERRORS)

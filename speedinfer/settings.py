@@ -197,6 +197,7 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+FORMAT_MODULE_PATH = ["speedinfer.formats"]  # timestamps with seconds everywhere (speedinfer/formats/en)
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
@@ -254,7 +255,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["console.api.auth.IsStaffOrAdminKey"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "core.errors.drf_exception_handler",
+    "EXCEPTION_HANDLER": "console.api.errors.api_exception_handler",  # core.errors, plus a page for browsers
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 

@@ -19,3 +19,6 @@ urlpatterns = [
     path("", include("workers.urls")),
     path("", include("console.urls")),
 ]
+
+# A database outage is a 503 page for people (the dashboard, the admin), never a 500 with a traceback.
+handler500 = "console.outage.server_error"

@@ -195,11 +195,9 @@ def test_customer_dashboard_in_a_real_browser(gateway_server, simulator, setting
             page.goto(f"{base}/dashboard/")
             page.screenshot(path=str(SCREENSHOTS / "06-home-phone.png"), full_page=True)
             page.goto(f"{base}/dashboard/keys/")
-            # The page itself does not scroll sideways; the table scrolls inside its container,
+            # The page itself does not scroll sideways; each key is a card of labelled rows,
             # and each key's status and Revoke button are on screen.
             assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
-            wrap = page.locator(".keys-table").locator("xpath=..")
-            assert wrap.evaluate("(el) => el.scrollWidth > el.clientWidth")
             revoke = page.locator("tr", has_text="browser-key").locator("button.danger").bounding_box()
             status = page.locator("tr", has_text="browser-key").locator(".badge").bounding_box()
             assert revoke is not None and status is not None
@@ -227,3 +225,161 @@ def test_customer_dashboard_in_a_real_browser(gateway_server, simulator, setting
             staff.screenshot(path=str(SCREENSHOTS / "10-admin-keys.png"), full_page=True)
         finally:
             browser.close()
+
+
+# Visible means: laid out, and inside the viewport and every ancestor that clips (overflow).
+VISIBLE_JS = """(el) => {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0) return false;
+    if (r.left < -0.5 || r.right > window.innerWidth + 0.5) return false;
+    for (let a = el.parentElement; a; a = a.parentElement) {
+        const style = getComputedStyle(a);
+        if (style.display === "none" || style.visibility === "hidden") return false;
+        if (style.overflowX !== "visible") {
+            const b = a.getBoundingClientRect();
+            if (r.left < b.left - 0.5 || r.right > b.right + 0.5) return false;
+        }
+    }
+    return true;
+}"""
+
+
+def assert_visible(page, selector: str, *, within: str | None = None) -> None:
+    locator = page.locator(selector).first
+    assert locator.count(), f"{selector} is not on {page.url}"
+    assert locator.evaluate(VISIBLE_JS), f"{selector} is not visible at {page.viewport_size['width']} px on {page.url}"
+    if within:
+        inner = locator.bounding_box()
+        outer = page.locator(within).first.bounding_box()
+        assert inner and outer and inner["x"] + inner["width"] <= outer["x"] + outer["width"] + 0.5, (selector, within)
+
+
+def test_first_day_layouts_at_1280_and_390(
+    gateway_server, simulator, settings, django_user_model, monkeypatch, tmp_path
+):
+    """Issue 21 items 1, 3 and 11: the buttons, columns and headings a first day could not see."""
+    from playwright.sync_api import sync_playwright
+
+    from core.audit import audit_record
+
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    settings.SESSION_COOKIE_SECURE = False
+    settings.CSRF_COOKIE_SECURE = False
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+
+    model = make_model(model_id="acme/model-1", input_price=MICRO, output_price=2 * MICRO, max_output_tokens=64)
+    account = make_account(name="Layout Co", credits=25)
+    account_user_create(account=account, email="owner@layout.example", password=PASSWORD)
+    django_user_model.objects.create_superuser(username="admin", email="admin@layout.example", password=PASSWORD)
+    register_worker(simulator.base_url)
+    seed_history(account, model)
+    key = make_key_with_everything(account)
+    audit_record(actor="admin", action="key.budget", target=key, detail={"via": "admin", "budget": "none"})
+    base = gateway_server.url
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            for width in (1280, 390):
+                page = browser.new_page(viewport={"width": width, "height": 900})
+                # 1. The landing page: every button whole, none on top of another.
+                page.goto(f"{base}/")
+                page.screenshot(path=str(shots / f"landing-{width}.png"), full_page=True)
+                boxes = [b.bounding_box() for b in page.locator(".actions .button").all()]
+                assert len(boxes) >= 3 and all(box and box["x"] + box["width"] <= width for box in boxes)
+                for i, a in enumerate(boxes):
+                    for b in boxes[i + 1 :]:
+                        assert a and b
+                        apart_x = a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
+                        apart_y = a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"]
+                        assert apart_x or apart_y, (width, a, b)
+                primary = page.locator(".button.primary").first
+                assert primary.evaluate("(el) => getComputedStyle(el).color") == "rgb(255, 255, 255)"
+                page.click("text=Models and prices")
+                page.wait_for_url(f"{base}/models/")
+                for label in ("Model", "Status", "Input / 1M tokens", "Output / 1M tokens", "Max output tokens"):
+                    assert_visible(page, f'tr[data-model="acme/model-1"] td[data-label="{label}"]')
+                page.screenshot(path=str(shots / f"prices-{width}.png"), full_page=True)
+
+                page.goto(f"{base}/accounts/login/")
+                page.fill("#id_username", "owner@layout.example")
+                page.fill("#id_password", PASSWORD)
+                page.click("button[type=submit]")
+                page.wait_for_url(f"{base}/dashboard/")
+                assert page.evaluate("() => document.documentElement.scrollWidth") <= width
+                for label in ("Time (UTC)", "Model", "Status", "Prompt", "Completion", "Cost", "Latency"):
+                    assert_visible(page, f'#recent-rows tr td[data-label="{label}"]')
+                page.screenshot(path=str(shots / f"home-{width}.png"), full_page=True)
+
+                # 3 and 11. The keys table fits its card; on a phone every column is on screen.
+                page.goto(f"{base}/dashboard/keys/")
+                page.screenshot(path=str(shots / f"keys-{width}.png"), full_page=True)
+                row = f'tr[data-key="{key.prefix}"]'
+                for label in (
+                    "Name",
+                    "Status",
+                    "Spent this month",
+                    "Monthly budget",
+                    "Access",
+                    "Created",
+                    "Last used",
+                    "Expires",
+                ):
+                    assert_visible(page, f'{row} td[data-label="{label}"]', within=".keys-table")
+                assert_visible(page, f"{row} button.danger")
+                assert page.evaluate("() => document.documentElement.scrollWidth") <= width
+                if width == 1280:
+                    for header in ("Last used", "Expires"):
+                        assert_visible(page, f'.keys-table th:text-is("{header}")', within="section.card")
+                    table = page.locator(".keys-table").bounding_box()
+                    card = page.locator("section.card").first.bounding_box()
+                    assert table and card and table["width"] <= card["width"]
+
+                page.goto(f"{base}/dashboard/usage/")
+                for date in page.locator("h2 .nowrap").all():  # a heading never breaks inside a date
+                    assert date.evaluate("(el) => el.getClientRects().length") == 1
+                for label in ("Model", "Requests", "Prompt tokens", "Completion tokens", "Cost (credits)"):
+                    assert_visible(page, f'#per-model-table td[data-label="{label}"]')
+                assert page.evaluate("() => document.documentElement.scrollWidth") <= width
+                page.screenshot(path=str(shots / f"usage-{width}.png"), full_page=True)
+                page.close()
+
+            # 3. Admin lists at 1280 px: the columns that were cut off are on screen.
+            staff = browser.new_page(viewport={"width": 1280, "height": 900})
+            staff.goto(f"{base}/admin/login/")
+            staff.fill("#id_username", "admin")
+            staff.fill("#id_password", PASSWORD)
+            staff.click("input[type=submit]")
+            columns = {
+                "accounts/apikey": ("state", "last_used_at", "expires_at"),
+                "workers/worker": ("load", "last_probe_at", "last_probe_latency_ms"),
+                "billing/usagerecord": ("prompt_tokens", "completion_tokens", "latency_ms", "worker_id", "request_id"),
+                "billing/reservation": ("closed_at", "request_id"),
+                "core/auditlog": ("target_repr", "detail_summary"),
+            }
+            for path, names in columns.items():
+                staff.goto(f"{base}/admin/{path}/")
+                staff.screenshot(path=str(shots / f"admin-{path.replace('/', '-')}-1280.png"), full_page=True)
+                for name in names:
+                    assert_visible(staff, f"#result_list th.column-{name}")
+                    assert_visible(staff, f"#result_list td.field-{name}, #result_list th.field-{name}")
+        finally:
+            browser.close()
+    print(f"screenshots in {shots}")
+
+
+def make_key_with_everything(account):
+    """A key with every column filled: name, budget, scopes, models, used, expiring."""
+    from tests.factories import make_key
+
+    created = make_key(
+        account=account,
+        name="production-backend",
+        monthly_budget=5 * MICRO,
+        allowed_models=["acme/model-1"],
+        expires_at=timezone.now() + timedelta(days=90),
+        actor="admin",
+    )
+    ApiKey.objects.filter(pk=created.api_key.pk).update(last_used_at=timezone.now() - timedelta(minutes=3))
+    return created.api_key

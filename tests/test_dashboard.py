@@ -101,7 +101,7 @@ def test_home_shows_own_balance_spend_and_today(owner, owner_account, outsider_a
     assert "Owner Co" in html and "Outsider Inc" not in html
     assert "99.996000 credits" in html  # exact balance in the title attribute
     # today: one request, 1,500 tokens
-    assert 'id="requests-today">1</span>' in html and 'id="tokens-today">1500</span> tokens' in html
+    assert 'id="requests-today">1</span>' in html and 'id="tokens-today">1,500</span> tokens' in html
     assert "req-out" not in html
 
 

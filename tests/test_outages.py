@@ -236,3 +236,42 @@ def test_redis_cut_serves_from_the_local_limiter_or_503_as_configured(world, red
     assert recovered < 5, recovered
     print(f"redis restored: limited key served again after {recovered:.2f} s")
     _assert_ledger_reconciles(world["account"])
+
+
+def _signed_in_cookie(user: Any) -> dict[str, str]:
+    """A session for `user` written straight to the session store, as a browser cookie would carry it."""
+    from importlib import import_module
+
+    store = import_module(settings.SESSION_ENGINE).SessionStore()
+    store["_auth_user_id"] = str(user.pk)
+    store["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
+    store["_auth_user_hash"] = user.get_session_auth_hash()
+    store.create()
+    return {settings.SESSION_COOKIE_NAME: store.session_key or ""}
+
+
+def test_database_cut_is_a_503_page_on_the_dashboard_and_the_admin(world, pg, gateway_factory, django_user_model):
+    from accounts.services import account_user_create
+
+    customer = account_user_create(account=world["account"], email="c@example.com", password="pw-123456789")
+    staff = django_user_model.objects.create_user(username="ops", password="pw-123456789", is_staff=True)
+    staff.is_superuser = True
+    staff.save()
+    gateway = gateway_factory(DATABASE_URL=_via(world["database_url"], pg))
+    pages = [("/dashboard/", _signed_in_cookie(customer)), ("/admin/", _signed_in_cookie(staff))]
+    for path, cookies in pages:
+        assert httpx.get(gateway.url + path, cookies=cookies, timeout=10).status_code == 200
+
+    pg.stop()
+    for path, cookies in [*pages, ("/admin/billing/usagerecord/", pages[1][1])]:
+        started = time.monotonic()
+        page = httpx.get(gateway.url + path, cookies=cookies, timeout=10)
+        assert page.status_code == 503, (path, page.text[:300])
+        assert "Briefly unavailable" in page.text and "Traceback" not in page.text
+        assert page.headers["Retry-After"] and time.monotonic() - started < 3
+
+    pg.start()
+    deadline = time.monotonic() + 10
+    while httpx.get(gateway.url + "/dashboard/", cookies=pages[0][1], timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, "the dashboard did not come back"
+        time.sleep(0.2)

@@ -15,9 +15,9 @@ class Worker(models.Model):
     """
 
     class Runtime(models.TextChoices):
-        TRITON = "triton"
-        TENSORRT_LLM = "tensorrt-llm"
-        CUDA = "cuda"
+        TRITON = "triton", "Triton"
+        TENSORRT_LLM = "tensorrt-llm", "TensorRT-LLM"
+        CUDA = "cuda", "CUDA"
 
     class Circuit(models.TextChoices):
         CLOSED = "closed"

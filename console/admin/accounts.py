@@ -588,6 +588,15 @@ class InvitationAdmin(admin.ModelAdmin):
         messages.success(request, "Withdrew the selected pending invitations.")
 
 
+def _readable(value: object) -> str:
+    """An audit detail value for people: "none" rather than JSON's null, lists as "a, b"."""
+    if value is None:
+        return "none"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) or "none"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 @admin.register(AuditLog)
 class AuditLogAdmin(admin.ModelAdmin):
     list_display = ("created_at", "actor", "action", "target_repr", "detail_summary")
@@ -604,7 +613,7 @@ class AuditLogAdmin(admin.ModelAdmin):
         return format_html_join(
             "",
             '<div><span style="color: var(--body-quiet-color)">{}:</span> {}</div>',
-            ((k, v if isinstance(v, str) else json.dumps(v)) for k, v in detail.items()),
+            ((k, _readable(v)) for k, v in detail.items()),
         )
 
     @admin.display(description="Detail")

@@ -295,7 +295,7 @@ class UsageRecordAdmin(ReadOnlyAdmin):
 
     @admin.display(description="Uncharged overrun (credits)", ordering="uncharged")
     def uncharged_credits(self, obj: UsageRecord) -> str:
-        return format_credits(obj.uncharged) if obj.uncharged else "-"
+        return display_credits(obj.uncharged) if obj.uncharged else "-"
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

@@ -63,7 +63,10 @@ class UsageRangeForm(forms.Form):
 class ApiKeyCreateForm(forms.Form):
     name = forms.CharField(max_length=100, required=False, help_text="Optional; a name helps you find it later.")
     scopes = forms.MultipleChoiceField(
-        choices=CUSTOMER_SCOPES, initial=list(DEFAULT_SCOPES), widget=forms.CheckboxSelectMultiple
+        choices=CUSTOMER_SCOPES,
+        initial=list(DEFAULT_SCOPES),
+        widget=forms.CheckboxSelectMultiple,
+        error_messages={"required": "Choose at least one scope."},
     )
     allowed_models = forms.MultipleChoiceField(
         required=False,

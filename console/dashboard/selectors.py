@@ -23,6 +23,7 @@ from billing.models import UsageRecord
 from billing.selectors import key_spend_this_month
 from catalog.models import PublicModel
 from core.credits import display_credits, format_credits
+from core.refusals import RefusalCount, refusal_counts
 from workers.selectors import workers_enabled
 
 
@@ -116,6 +117,11 @@ def usage_records(*, account: Account, start: date | None = None, end: date | No
     if end is not None:
         rows = rows.filter(created_at__lt=_day_start(end + timedelta(1)))
     return rows.select_related("api_key").order_by("-created_at", "-id")
+
+
+def refused_requests(*, account: Account, start: date, end: date) -> list[RefusalCount]:
+    """Requests the gateway refused (no usage record: nothing was charged), per error code."""
+    return refusal_counts(account_id=account.pk, start=start, end=end)
 
 
 def usage_records_iter(*, account: Account, start: date, end: date) -> Iterator[UsageRecord]:

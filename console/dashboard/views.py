@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import functools
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.contrib import messages
@@ -13,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import POWER_BUDGETS, POWER_KEYS, POWER_USAGE, Account, ApiKey
@@ -23,6 +25,7 @@ from console.dashboard.selectors import (
     api_keys_with_spend,
     dashboard_summary,
     models_for_customers,
+    refused_requests,
     usage_by_day_and_model,
     usage_records,
     usage_records_iter,
@@ -69,13 +72,14 @@ def customer_view(view: Callable[..., R]) -> Callable[..., R | HttpResponse]:
 def home(request: HttpRequest, account: Account) -> HttpResponse:
     summary = dashboard_summary(account=account)
     recent = list(usage_records(account=account)[:10])
-    return render(request, "dashboard/home.html", {"account": account, "summary": summary, "recent": recent})
+    today = timezone.now().date()
+    refused = refused_requests(account=account, start=today - timedelta(days=6), end=today)
+    context = {"account": account, "summary": summary, "recent": recent, "refused": refused}
+    return render(request, "dashboard/home.html", context)
 
 
 def _chart_data(rows: list[Any], start: Any, end: Any) -> dict[str, Any]:
     """Per-day series per model, for Chart.js; days without usage are zeros."""
-    from datetime import timedelta
-
     days = [start + timedelta(days=i) for i in range((end - start).days + 1)]
     index = {day: i for i, day in enumerate(days)}
     tokens: dict[str, list[int]] = {}
@@ -111,6 +115,7 @@ def usage(request: HttpRequest, account: Account) -> HttpResponse:
         "per_model": sorted(per_model.items()),
         "chart": _chart_data(rows, start, end),
         "recent": list(usage_records(account=account, start=start, end=end)[:RECENT_ROWS]),
+        "refused": refused_requests(account=account, start=start, end=end),
         "csv_query": f"start={start.isoformat()}&end={end.isoformat()}",
     }
     return render(request, "dashboard/usage.html", context)

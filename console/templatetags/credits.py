@@ -25,6 +25,25 @@ def credits_short(micro: int | None) -> str:
 
 
 @register.filter
+def tokens(count: int | None) -> str:
+    """A token count with thousands separators (1,234,567), the one way every page shows one."""
+    return f"{count or 0:,}"
+
+
+@register.filter
+def duration_words(span: timedelta | None) -> str:
+    """A wait as people say it: "15 minutes", "1 hour", "30 seconds" (never ISO 8601's "PT15M")."""
+    if span is None:
+        return ""
+    seconds = max(round(span.total_seconds()), 1)
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0 or seconds >= size * 2:
+            count = round(seconds / size)
+            return f"{count} {unit}{'' if count == 1 else 's'}"
+    return f"{seconds} second{'' if seconds == 1 else 's'}"
+
+
+@register.filter
 def ago(moment: datetime | None) -> str:
     """ "just now" under a minute, else "5 minutes ago" (Django's timesince says "0 minutes")."""
     if moment is None:

@@ -18,7 +18,9 @@
   // Axis numbers as people write them: "0.000035", "1,200", never "3.500000E-5".
   const readable = new Intl.NumberFormat("en-US", { maximumFractionDigits: 6 });
 
-  function draw(id, series, label) {
+  const wholeNumbers = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
+
+  function draw(id, series, label, integral) {
     const canvas = document.getElementById(id);
     if (!canvas) return;
     new Chart(canvas, {
@@ -39,13 +41,17 @@
             stacked: true,
             beginAtZero: true,
             title: { display: true, text: label },
-            ticks: { callback: (value) => readable.format(value) },
+            // Tokens come whole: an empty chart's axis shows 0, 1, 2, never 0.2 tokens.
+            suggestedMax: integral ? 1 : undefined,
+            ticks: integral
+              ? { precision: 0, callback: (value) => (Number.isInteger(value) ? wholeNumbers.format(value) : null) }
+              : { callback: (value) => readable.format(value) },
           },
         },
       },
     });
   }
 
-  draw("tokens-chart", data.tokens, "tokens");
-  draw("cost-chart", data.cost, "credits");
+  draw("tokens-chart", data.tokens, "tokens", true);
+  draw("cost-chart", data.cost, "credits", false);
 })();

@@ -8,11 +8,13 @@
   const status = document.getElementById("live-status");
   const empty = document.getElementById("recent-empty");
   const maxRows = 50;
+  const grouped = new Intl.NumberFormat("en-US");
   let delay = 1000;
 
-  function cell(text, className) {
+  function cell(text, className, label) {
     const td = document.createElement("td");
     if (className) td.className = className;
+    if (label) td.dataset.label = label;
     td.textContent = text;
     return td;
   }
@@ -25,20 +27,22 @@
     const t = document.createElement("time");
     t.dateTime = u.created_at;
     t.textContent = u.created_at.replace("T", " ").slice(0, 19);
+    time.dataset.label = "Time (UTC)";
     time.appendChild(t);
     tr.appendChild(time);
-    tr.appendChild(cell(u.model, "mono"));
+    tr.appendChild(cell(u.model, "mono", "Model"));
     const st = document.createElement("td");
+    st.dataset.label = "Status";
     const badge = document.createElement("span");
     badge.className = "badge badge-" + u.status;
     badge.textContent = u.status_display;
     st.appendChild(badge);
     if (u.error_code) st.appendChild(document.createTextNode(" " + u.error_code));
     tr.appendChild(st);
-    tr.appendChild(cell(String(u.prompt_tokens), "num"));
-    tr.appendChild(cell(String(u.completion_tokens), "num"));
-    tr.appendChild(cell(u.cost, "num"));
-    tr.appendChild(cell(u.latency_ms + " ms", "num"));
+    tr.appendChild(cell(grouped.format(u.prompt_tokens), "num", "Prompt"));
+    tr.appendChild(cell(grouped.format(u.completion_tokens), "num", "Completion"));
+    tr.appendChild(cell(u.cost_display || u.cost, "num", "Cost"));
+    tr.appendChild(cell(grouped.format(u.latency_ms) + " ms", "num", "Latency"));
     body.insertBefore(tr, body.firstChild);
     while (body.rows.length > maxRows) body.deleteRow(body.rows.length - 1);
     if (empty) empty.hidden = true;
@@ -55,8 +59,8 @@
     setCard("balance", s.available, s.available_exact);
     setCard("reserved", s.reserved, s.reserved_exact);
     setCard("spend-month", s.spend_month, s.spend_month_exact);
-    setCard("requests-today", String(s.requests_today));
-    setCard("tokens-today", String(s.tokens_today));
+    setCard("requests-today", grouped.format(s.requests_today));
+    setCard("tokens-today", grouped.format(s.tokens_today));
   }
 
   function connect() {
