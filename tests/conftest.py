@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from accounts import key_cache
+from core import state
 
 # The real Triton server fixtures (triton_server, triton_factory), for the workers and proxy tests.
 pytest_plugins = ["tests.triton_server", "tests.servers"]
@@ -24,10 +24,12 @@ logging.getLogger("asyncio").addFilter(_QuietAbandonedLoops())
 
 
 @pytest.fixture(autouse=True)
-def _fresh_key_cache() -> Iterator[None]:
-    key_cache.clear()
+def _fresh_process_state() -> Iterator[None]:
+    """Every test starts from a fresh process: caches, estimates, counts, buckets, clients and pools
+    (core.state's registry; each module registers its own)."""
+    state.reset()
     yield
-    key_cache.clear()
+    state.reset()
 
 
 @pytest.fixture
