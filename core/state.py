@@ -90,6 +90,10 @@ class LoopLocal(Generic[T]):
         return self._values.get(loop or asyncio.get_running_loop())
 
     def set(self, value: T, loop: asyncio.AbstractEventLoop | None = None) -> T:
+        # A value (a client's open connection) usually refers to its loop, which then outlives its
+        # close in the weak mapping: drop closed loops' values here (a set is rare: one per loop).
+        for closed in [known for known in self._values if known.is_closed()]:
+            del self._values[closed]
         self._values[loop or asyncio.get_running_loop()] = value
         return value
 
