@@ -34,7 +34,8 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     tasks = asyncio.all_tasks(loop)
     for task in tasks:
         task.cancel()
-    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
     loop.run_until_complete(loop.shutdown_default_executor())
     loop.close()
     if connection.vendor == "postgresql":  # the pool's threads leave their connections behind
