@@ -10,12 +10,10 @@ from accounts.services import api_key_touch
 from billing.models import Reservation
 from billing.services import credits_reserve_async
 from catalog.models import PublicModel
-from core import state
 from core.db import db_write_call
 
 _touch = db_write_call(api_key_touch)
 _background: set[asyncio.Task[None]] = set()  # strong refs until done (the loop keeps only weak ones)
-state.register("proxy.services.background", _background.clear)
 
 
 async def request_reserve(*, key: KeyInfo, model: PublicModel, amount: int, request_id: str) -> Reservation:
