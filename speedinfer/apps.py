@@ -25,7 +25,7 @@ class SpeedinferConfig(AppConfig):
         from catalog.cache import cache_policy as model_cache_policy
         from proxy.ratelimit import get_rate_limit_config
         from runtimes.config import get_runtime_config
-        from workers.routing import get_routing_config
+        from workers.config import get_routing_config
 
         builds = (get_runtime_config, get_routing_config, get_rate_limit_config, key_cache_policy, model_cache_policy)
         for build in builds:

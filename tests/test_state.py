@@ -13,7 +13,8 @@ from accounts.key_cache import KeyInfo
 from core import state
 from runtimes.config import RuntimeConfig, get_runtime_config
 from runtimes.http import worker_timeout
-from workers import balancer, fleet, routing
+from workers import balancer, fleet
+from workers.config import get_routing_config
 
 
 def _info() -> KeyInfo:
@@ -80,4 +81,4 @@ def test_bad_values_are_improperly_configured(settings):
         RuntimeConfig(connect_timeout=0, read_timeout=1, total_timeout=1)
     settings.SPEEDINFER_ROUTING_POLICY = "fastest"
     with pytest.raises(ImproperlyConfigured, match="SPEEDINFER_ROUTING_POLICY"):
-        routing.get_routing_config()
+        get_routing_config()

@@ -23,10 +23,10 @@ import socket
 import time
 from typing import Any
 
-from django.conf import settings
 from django.db import connection
 
 from core import state
+from workers.config import get_routing_config
 
 log = logging.getLogger("speedinfer.routing")
 
@@ -40,7 +40,6 @@ _others: dict[str, int] = {}
 _others_at = float("-inf")
 # Per loop: the sync task (cancelled on reset; its finally withdraws this process's counts).
 _tasks: state.LoopLocal[asyncio.Task[None]] = state.LoopLocal("workers.fleet.sync", close=state.cancel)
-_redis_url = state.Lazy("workers.fleet.redis_url", lambda: str(settings.REDIS_URL))
 
 
 def _reset() -> None:
@@ -98,7 +97,7 @@ def view() -> dict[str, int]:
 
 def ensure_sync() -> None:
     """Start this event loop's sync task if it is not running (a dict lookup when it is)."""
-    if not _redis_url.get():
+    if not get_routing_config().redis_url:
         return
     task = _tasks.get()
     if task is None or task.done():
@@ -153,7 +152,7 @@ async def _sync_forever() -> None:
     import redis.asyncio as aioredis
     from redis.exceptions import RedisError
 
-    client = aioredis.Redis.from_url(_redis_url.get(), socket_connect_timeout=2, socket_timeout=2)
+    client = aioredis.Redis.from_url(get_routing_config().redis_url, socket_connect_timeout=2, socket_timeout=2)
     known: list[str] = []
     idle_since: float | None = None
     warned = False

@@ -21,46 +21,14 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from core import state
-from core.cache_policy import CachePolicy
 from core.db import db_call
 from runtimes.target import WorkerTarget
 from workers import balancer, circuit, fleet
+from workers.config import get_routing_config
 from workers.models import Worker
-
-# A stale snapshot is served while a refresh runs beside the request, so the one request a second that
-# finds it stale does not wait for the query (it did: ~2 ms at c1 in make bench); but only this long
-# past the TTL, so a worker a probe marked down stops taking traffic within TTL + this (CONTRACT).
-_STALE_GRACE = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class RoutingConfig:
-    cache: CachePolicy  # the snapshot's
-    policy: str  # least-loaded | random (workers.balancer)
-    load_fresh_for: float  # seconds: a runtime's queue figures older than this steer nothing
-
-    def __post_init__(self) -> None:
-        if self.policy not in ("least-loaded", "random"):
-            raise ImproperlyConfigured(f"SPEEDINFER_ROUTING_POLICY must be least-loaded or random, got {self.policy!r}")
-
-    @classmethod
-    def from_settings(cls) -> RoutingConfig:
-        ttl = settings.SPEEDINFER_ROUTING_CACHE_TTL
-        return cls(
-            cache=CachePolicy(ttl=ttl, serve_stale_for=min(ttl, _STALE_GRACE)),
-            policy=settings.SPEEDINFER_ROUTING_POLICY,
-            # A few probe intervals: the probe loop stopped.
-            load_fresh_for=3 * settings.SPEEDINFER_PROBE_INTERVAL + 5,
-        )
-
-
-_config = state.Lazy("workers.routing.config", RoutingConfig.from_settings)
-get_routing_config = _config.get
 
 
 @dataclass(slots=True)
