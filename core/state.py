@@ -19,7 +19,6 @@ T = TypeVar("T")
 
 _resets: dict[str, Callable[[], None]] = {}
 _configs: list[Lazy[object]] = []
-_closing: set[asyncio.Future[None]] = set()  # strong refs until done (the loop keeps only weak ones)
 
 
 def register(name: str, reset: Callable[[], None]) -> None:
@@ -54,18 +53,6 @@ def _close_on(loop: asyncio.AbstractEventLoop, close: Callable[[T], Awaitable[ob
     async def wait(awaitable: Awaitable[object]) -> None:
         await awaitable
 
-    if loop.is_running():
-        # Another thread's loop (a test server's): close there (asyncio is not thread-safe), and keep
-        # the task until it ends.
-        def start() -> None:
-            awaitable = close(value)
-            if awaitable is not None:
-                task: asyncio.Future[None] = loop.create_task(wait(awaitable))
-                _closing.add(task)
-                task.add_done_callback(_closing.discard)
-
-        loop.call_soon_threadsafe(start)
-        return
     awaitable = close(value)
     if awaitable is None:
         return
@@ -78,8 +65,8 @@ def _close_on(loop: asyncio.AbstractEventLoop, close: Callable[[T], Awaitable[ob
 class LoopLocal(Generic[T]):
     """One value per event loop (a client, a pool, a background task), registered under `name`.
 
-    `close` (if given) releases a value on reset: awaited on its loop while that loop is open; a
-    closed loop's values are dropped (their sockets and tasks went with it)."""
+    On reset, `close` (if given) releases the value of an open, idle loop on that loop; a closed
+    loop's value is dropped (its sockets and tasks went with it); a running loop keeps its own."""
 
     def __init__(self, name: str, *, close: Callable[[T], Awaitable[object] | None] | None = None) -> None:
         self._values: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, T] = weakref.WeakKeyDictionary()
@@ -104,14 +91,14 @@ class LoopLocal(Generic[T]):
         return list(self._values.values())
 
     def clear(self) -> None:
-        items = list(self._values.items())
-        self._values.clear()
-        if self._close is None:
-            return
-        for loop, value in items:
-            if loop.is_closed():
+        for loop, value in list(self._values.items()):
+            if loop.is_running():
+                # A live server's loop (another thread's): its clients, pools and tasks are its own, hold
+                # no request's state, and are closed by its shutdown; closing them under it races its calls.
                 continue
-            _close_on(loop, self._close, value)
+            del self._values[loop]
+            if self._close is not None and not loop.is_closed():
+                _close_on(loop, self._close, value)
 
 
 class Lazy(Generic[T]):
