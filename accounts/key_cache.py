@@ -1,7 +1,7 @@
 """A small per-process cache of authenticated keys, keyed by their digest.
 
-A warm key costs no query. Entries live SPEEDINFER_KEY_CACHE_TTL seconds, which
-bounds how long a revocation made in another process takes to apply here.
+A warm key costs no query. Entries live SPEEDINFER_KEY_CACHE_TTL seconds (core.cache_policy, with
+no stale window), which bounds how long a revocation made in another process takes to apply here.
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
+
+from core import state
+from core.cache_policy import CachePolicy
 
 _MAX_ENTRIES = 10_000
 
@@ -34,6 +37,8 @@ class KeyInfo:
 
 _entries: dict[str, tuple[float, KeyInfo]] = {}
 _last_touch: dict[int, float] = {}
+_policy = state.Lazy("accounts.key_cache.policy", lambda: CachePolicy(ttl=settings.SPEEDINFER_KEY_CACHE_TTL))
+cache_policy = _policy.get
 
 
 def get(digest: str) -> KeyInfo | None:
@@ -41,7 +46,7 @@ def get(digest: str) -> KeyInfo | None:
     if entry is None:
         return None
     stored_at, info = entry
-    if time.monotonic() - stored_at > settings.SPEEDINFER_KEY_CACHE_TTL:
+    if not _policy.get().fresh(time.monotonic() - stored_at):
         _entries.pop(digest, None)
         return None
     return info
@@ -60,6 +65,9 @@ def forget(digest: str) -> None:
 def clear() -> None:
     _entries.clear()
     _last_touch.clear()
+
+
+state.register("accounts.key_cache", clear)
 
 
 def touch_due(key_id: int, *, every_seconds: float = 60.0) -> bool:

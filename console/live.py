@@ -32,6 +32,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from billing.models import UsageRecord
+from core import state
 from core.credits import display_credits, format_credits
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,16 @@ _background: asyncio.AbstractEventLoop | None = None
 _background_lock = threading.Lock()
 _redis_outage = False
 _REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError, TimeoutError)
+
+
+def _reset() -> None:
+    """Forget the watchers and the snapshot (the background loop's thread stays: it holds nothing)."""
+    global _snapshot, _refreshing, _redis_outage
+    _local_watchers.clear()
+    _snapshot, _refreshing, _redis_outage = None, False, False
+
+
+state.register("console.live", _reset)
 
 
 def usage_group(account_id: int) -> str:

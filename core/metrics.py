@@ -27,6 +27,7 @@ from prometheus_client.core import REGISTRY, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from core import state
 from core.credits import MICRO
 from core.outcome import RequestOutcome
 
@@ -129,6 +130,15 @@ def observe_request(outcome: RequestOutcome) -> None:
 
 
 _spend_children: dict[str, object] = {}
+
+
+def _forget_children() -> None:
+    # Only the lookups of labelled children: the counters themselves are Prometheus's, and only grow.
+    _children.clear()
+    _spend_children.clear()
+
+
+state.register("core.metrics.children", _forget_children)
 
 
 def observe_spend(model: str, cost: int) -> None:

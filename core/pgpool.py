@@ -11,7 +11,6 @@ database Django uses (its settings, so tests get the test database).
 from __future__ import annotations
 
 import asyncio
-import weakref
 from typing import Any
 
 from django.conf import settings
@@ -19,6 +18,8 @@ from django.db import connections
 from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
+
+from core import state
 
 # Django-only keys of DATABASES[...]["OPTIONS"]; everything else is a libpq parameter.
 _DJANGO_OPTIONS = {
@@ -30,9 +31,14 @@ _DJANGO_OPTIONS = {
     "cursor_factory",
 }
 
-_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future[AsyncConnectionPool]] = (
-    weakref.WeakKeyDictionary()
-)
+
+async def _close_opened(future: asyncio.Future[AsyncConnectionPool]) -> None:
+    if future.done() and not future.cancelled() and future.exception() is None:
+        await future.result().close()
+
+
+# Per loop: the pool's opening (closed on reset once it opened).
+_pools: state.LoopLocal[asyncio.Future[AsyncConnectionPool]] = state.LoopLocal("core.pgpool", close=_close_opened)
 
 
 def conninfo() -> str:
@@ -79,11 +85,9 @@ async def _open() -> AsyncConnectionPool:
 
 async def get_pool() -> AsyncConnectionPool:
     """This event loop's pool, opened on first use (concurrent first callers share one)."""
-    loop = asyncio.get_running_loop()
-    future = _pools.get(loop)
+    future = _pools.get()
     if future is None or (future.done() and (future.exception() is not None or future.result().closed)):
-        future = loop.create_task(_open())
-        _pools[loop] = future
+        future = _pools.set(asyncio.get_running_loop().create_task(_open()))
     return await asyncio.shield(future)
 
 
@@ -94,11 +98,10 @@ def discard_pool(pool: AsyncConnectionPool) -> None:
     come back long after the database did; a fresh pool connects at once, and a pool that cannot
     connect fails its opening within SPEEDINFER_DB_TIMEOUT (then the next request tries again).
     """
-    loop = asyncio.get_running_loop()
-    future = _pools.get(loop)
+    future = _pools.get()
     if future is not None and future.done() and future.exception() is None and future.result() is pool:
-        del _pools[loop]
-    task = loop.create_task(pool.close(timeout=settings.SPEEDINFER_DB_TIMEOUT))
+        _pools.pop()
+    task = asyncio.get_running_loop().create_task(pool.close(timeout=settings.SPEEDINFER_DB_TIMEOUT))
     _closing.add(task)
     task.add_done_callback(_closing.discard)
 
@@ -108,6 +111,6 @@ _closing: set[asyncio.Task[None]] = set()  # strong refs until done (the loop ke
 
 async def close_pool() -> None:
     """Close this loop's pool (tests, shutdown)."""
-    future = _pools.pop(asyncio.get_running_loop(), None)
+    future = _pools.pop()
     if future is not None and future.done() and future.exception() is None:
         await future.result().close()

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from core import state
 from core.outages import DatabaseUnavailable
 
 log = logging.getLogger("speedinfer.gateway")
@@ -30,8 +30,8 @@ class _Pending:
     close: Callable[[], Awaitable[object]]
 
 
-_queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Pending]] = weakref.WeakKeyDictionary()
-_drains: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = weakref.WeakKeyDictionary()
+_queues: state.LoopLocal[list[_Pending]] = state.LoopLocal("proxy.pending.queues")
+_drains: state.LoopLocal[asyncio.Task[None]] = state.LoopLocal("proxy.pending.drains", close=state.cancel)
 
 
 def pending_count() -> int:
@@ -41,15 +41,14 @@ def pending_count() -> int:
 
 def pending_close(*, what: str, reservation_id: object, close: Callable[[], Awaitable[object]]) -> None:
     """Keep `close` (a settle or release of `reservation_id`) and retry it until the database takes it."""
-    loop = asyncio.get_running_loop()
-    queue = _queues.get(loop)
+    queue = _queues.get()
     if queue is None:
-        queue = _queues[loop] = []
+        queue = _queues.set([])
     queue.append(_Pending(what, reservation_id, close))
     log.warning("reservation %s: the database is unreachable; the %s is queued and retried", reservation_id, what)
-    drain = _drains.get(loop)
+    drain = _drains.get()
     if drain is None or drain.done():
-        _drains[loop] = loop.create_task(_drain(queue))
+        _drains.set(asyncio.get_running_loop().create_task(_drain(queue)))
 
 
 async def _drain(queue: list[_Pending]) -> None:

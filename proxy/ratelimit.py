@@ -20,16 +20,18 @@ to this process's buckets, `fail` answers 503 service_unavailable.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis.exceptions
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from accounts.key_cache import KeyInfo
+from core import state
 from core.outages import RedisUnavailable
 
 log = logging.getLogger("speedinfer.gateway")
@@ -81,6 +83,31 @@ redis.call('HSET', KEYS[1], 'l', tostring(l), 't', now)
 redis.call('PEXPIRE', KEYS[1], math.ceil((cap - l) * 60000 / cap) + 1000)
 return 1
 """
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitConfig:
+    redis_url: str  # "" : this process's buckets only (the embedded default)
+    redis_timeout: float  # seconds, connect and each command
+    redis_outage: str  # "local": fall back to this process's buckets; "fail": 503
+
+    def __post_init__(self) -> None:
+        if self.redis_outage not in ("local", "fail"):
+            raise ImproperlyConfigured(f"SPEEDINFER_REDIS_OUTAGE must be local or fail, got {self.redis_outage!r}")
+        if self.redis_timeout <= 0:
+            raise ImproperlyConfigured(f"SPEEDINFER_REDIS_TIMEOUT must be positive, got {self.redis_timeout!r}")
+
+    @classmethod
+    def from_settings(cls) -> RateLimitConfig:
+        return cls(
+            redis_url=settings.REDIS_URL,
+            redis_timeout=settings.SPEEDINFER_REDIS_TIMEOUT,
+            redis_outage=settings.SPEEDINFER_REDIS_OUTAGE,
+        )
+
+
+_config = state.Lazy("proxy.ratelimit.config", RateLimitConfig.from_settings)
+get_rate_limit_config = _config.get
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,28 +205,39 @@ class _LocalBuckets:
 
 
 _local = _LocalBuckets()
-_scripts: dict[int, tuple[object, object]] = {}
+# Per loop: the Redis client (closed on reset) and its two registered scripts.
+_scripts: state.LoopLocal[tuple[Any, object, object]] = state.LoopLocal(
+    "proxy.ratelimit.redis", close=lambda found: found[0].aclose()
+)
+
+
+def _reset() -> None:
+    global _local, _outage
+    _local = _LocalBuckets()
+    _outage = False
+
+
+state.register("proxy.ratelimit.local", _reset)
 
 
 def _redis_scripts() -> tuple[object, object]:
-    """The Redis client and its two registered scripts for the running event loop."""
+    """The Redis client's two registered scripts for the running event loop."""
     import redis.asyncio as aioredis
 
-    loop_id = id(asyncio.get_running_loop())
-    found = _scripts.get(loop_id)
+    found = _scripts.get()
     if found is None:
-        timeout = settings.SPEEDINFER_REDIS_TIMEOUT
-        client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=timeout, socket_timeout=timeout)
-        found = (client.register_script(_ADMIT), client.register_script(_REFUND))
-        _scripts[loop_id] = found
-    return found
+        config = get_rate_limit_config()
+        timeout = config.redis_timeout
+        client = aioredis.Redis.from_url(config.redis_url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        found = _scripts.set((client, client.register_script(_ADMIT), client.register_script(_REFUND)))
+    return found[1], found[2]
 
 
 def _redis_down(exc: Exception) -> None:
     """Redis did not answer: with SPEEDINFER_REDIS_OUTAGE=fail the request gets 503, else this
     process's own buckets stand in (each process then limits on its own) until Redis answers again."""
     global _outage
-    if settings.SPEEDINFER_REDIS_OUTAGE == "fail":
+    if get_rate_limit_config().redis_outage == "fail":
         raise RedisUnavailable(str(exc) or type(exc).__name__) from exc
     if not _outage:
         _outage = True
@@ -220,7 +258,7 @@ async def rate_limit_admit(*, key: KeyInfo, tokens: int) -> Decision:
     """Charge one request and `tokens` to the key's buckets, or say how long to wait."""
     if not key.rpm and not key.tpm:
         return UNLIMITED
-    if not settings.REDIS_URL:
+    if not get_rate_limit_config().redis_url:
         return _local.admit(key, tokens)
     admit, _ = _redis_scripts()
     try:
@@ -236,7 +274,7 @@ async def rate_limit_refund(*, key: KeyInfo, tokens: int) -> None:
     """Give back tokens admitted but not used (the bound minus the actual usage)."""
     if not key.tpm or tokens <= 0:
         return
-    if not settings.REDIS_URL:
+    if not get_rate_limit_config().redis_url:
         _local.refund(key, tokens)
         return
     _, refund = _redis_scripts()

@@ -6,18 +6,17 @@ library sits here is a measured choice (see the performance notes in README).
 
 from __future__ import annotations
 
-import asyncio
-import weakref
 from collections.abc import AsyncIterator
 
 import aiohttp
 import httpx
-from django.conf import settings
 from httpx_aiohttp import AiohttpTransport
 
-# Keyed by the loop itself (weakly): an id() can be reused by a later loop, and a client
-# bound to a closed loop must never be handed out.
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+from core import state
+from runtimes.config import get_runtime_config
+
+# One per loop (core.state.LoopLocal): a client bound to a closed loop must never be handed out.
+_clients: state.LoopLocal[httpx.AsyncClient] = state.LoopLocal("runtimes.http.clients", close=lambda c: c.aclose())
 
 
 def _translated(exc: httpx.ConnectTimeout, request: httpx.Request) -> httpx.TransportError:
@@ -61,46 +60,48 @@ class _AiohttpTransport(AiohttpTransport):
 
 
 def default_timeout() -> httpx.Timeout:
-    return httpx.Timeout(
-        connect=settings.SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT,
-        read=settings.SPEEDINFER_UPSTREAM_READ_TIMEOUT,
-        write=settings.SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT,
-        pool=settings.SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT,
-    )
+    config = get_runtime_config()
+    connect = config.connect_timeout
+    return httpx.Timeout(connect=connect, read=config.read_timeout, write=connect, pool=connect)
 
 
 def get_client() -> httpx.AsyncClient:
     """The process's client for the running event loop (clients cannot cross loops)."""
-    loop = asyncio.get_running_loop()
-    client = _clients.get(loop)
+    client = _clients.get()
     if client is None or client.is_closed:
         # httpx's own pool checks every idle connection's socket on each request (encode/httpx#3215):
         # under load that was the gateway's largest CPU cost, so by default httpx runs on aiohttp's pool.
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=30)
-        transport = _AiohttpTransport(limits=limits) if settings.SPEEDINFER_UPSTREAM_CLIENT == "aiohttp" else None
+        config = get_runtime_config()
+        limits = httpx.Limits(
+            max_connections=config.max_connections,
+            max_keepalive_connections=config.max_keepalive_connections,
+            keepalive_expiry=config.keepalive_expiry,
+        )
+        transport = _AiohttpTransport(limits=limits) if config.client == "aiohttp" else None
         client = httpx.AsyncClient(
             timeout=default_timeout(), limits=limits, transport=transport, follow_redirects=False
         )
-        _clients[loop] = client
+        _clients.set(client)
     return client
 
 
 async def close_client() -> None:
     """Close this event loop's client (server shutdown, tests)."""
-    client = _clients.pop(asyncio.get_running_loop(), None)
+    client = _clients.pop()
     if client is not None:
         await client.aclose()
 
 
 def worker_timeout(runtime_config: dict[str, object]) -> httpx.Timeout:
-    """The per-request timeout for one worker: runtime_config's connect_timeout / read_timeout, else the settings."""
+    """The per-request timeout for one worker: runtime_config's connect_timeout / read_timeout, else RuntimeConfig's."""
 
     def seconds(key: str, default: float) -> float:
         value = runtime_config.get(key)
         return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
 
-    connect = seconds("connect_timeout", settings.SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT)
-    read = seconds("read_timeout", settings.SPEEDINFER_UPSTREAM_READ_TIMEOUT)
+    config = get_runtime_config()
+    connect = seconds("connect_timeout", config.connect_timeout)
+    read = seconds("read_timeout", config.read_timeout)
     return httpx.Timeout(connect=connect, read=read, write=connect, pool=connect)
 
 
@@ -109,4 +110,4 @@ def worker_total_timeout(runtime_config: dict[str, object]) -> float:
     value = runtime_config.get("total_timeout")
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
-    return float(settings.SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT)
+    return get_runtime_config().total_timeout

@@ -288,7 +288,13 @@ SPEEDINFER_CIRCUIT_FAILURE_THRESHOLD = env_int("SPEEDINFER_CIRCUIT_FAILURE_THRES
 SPEEDINFER_CIRCUIT_COOLDOWN = env_float("SPEEDINFER_CIRCUIT_COOLDOWN", 30.0, minimum=0.0)
 SPEEDINFER_RESERVATION_TTL = env_int("SPEEDINFER_RESERVATION_TTL", 900, minimum=1)
 SPEEDINFER_SWEEP_INTERVAL = env_float("SPEEDINFER_SWEEP_INTERVAL", 60.0, minimum=1.0)
+# Per-process caches follow one convention (core.cache_policy.CachePolicy): SPEEDINFER_<NAME>_CACHE_TTL
+# seconds fresh, then served stale for the cache's own window while one refresh runs beside the
+# request, then waited for. Keys: 5 s, no stale window (bounds a revocation made in another process).
+# Models: 5 s, stale until 60 s after the load. Routing snapshot: 1 s, stale for min(TTL, 0.5 s) more
+# (a worker a probe marked down stops taking traffic within TTL + that). 0 turns a cache off.
 SPEEDINFER_KEY_CACHE_TTL = env_float("SPEEDINFER_KEY_CACHE_TTL", 5.0, minimum=0.0)
+SPEEDINFER_MODEL_CACHE_TTL = env_float("SPEEDINFER_MODEL_CACHE_TTL", 5.0, minimum=0.0)
 SPEEDINFER_ROUTING_CACHE_TTL = env_float("SPEEDINFER_ROUTING_CACHE_TTL", 1.0, minimum=0.0)
 # least-loaded: workers.balancer's score; random: a shuffle (a baseline for `make bench`).
 SPEEDINFER_ROUTING_POLICY = env_choice("SPEEDINFER_ROUTING_POLICY", "least-loaded", choices=("least-loaded", "random"))

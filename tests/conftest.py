@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from accounts import key_cache
+from core import state
 
 # The real Triton server fixtures (triton_server, triton_factory), the gateway and simulator, and the shared
 # personas and worlds (tests/fixtures.py: staff, make_world, world).
@@ -25,10 +25,12 @@ logging.getLogger("asyncio").addFilter(_QuietAbandonedLoops())
 
 
 @pytest.fixture(autouse=True)
-def _fresh_key_cache() -> Iterator[None]:
-    key_cache.clear()
+def _fresh_process_state() -> Iterator[None]:
+    """Every test starts from a fresh process: caches, estimates, counts, buckets, clients and pools
+    (core.state's registry; each module registers its own)."""
+    state.reset()
     yield
-    key_cache.clear()
+    state.reset()
 
 
 @pytest.fixture

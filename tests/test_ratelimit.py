@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 from typing import Any
 
 import openai
@@ -11,6 +13,7 @@ import pytest
 from django.conf import settings
 
 from accounts.key_cache import KeyInfo
+from core import state
 from proxy.ratelimit import rate_limit_admit
 from tests.factories import make_account, make_key, make_model
 from tests.servers import register_worker
@@ -73,15 +76,19 @@ def test_tokens_per_minute_count_actual_usage(world, backend):
     assert int(info.value.response.headers["x-ratelimit-remaining-tokens"]) < 99
 
 
-def test_a_key_without_limits_gets_no_rate_limit_headers(world):
-    raw = sdk(world).chat.completions.with_raw_response.create(model="acme/model-1", messages=HI, max_tokens=2)
-    assert "x-ratelimit-limit-requests" not in raw.headers
+def test_a_key_without_limits_is_never_limited_and_gets_no_rate_limit_headers(world, backend):
+    limited, unlimited = sdk(world, rpm=1), sdk(world)
+    limited.chat.completions.create(model="acme/model-1", messages=HI, max_tokens=2)
+    with pytest.raises(openai.RateLimitError):  # the limiter is on: a limited key is held here
+        limited.chat.completions.create(model="acme/model-1", messages=HI, max_tokens=2)
+    for _ in range(5):
+        raw = unlimited.chat.completions.with_raw_response.create(model="acme/model-1", messages=HI, max_tokens=2)
+        assert raw.http_response.status_code == 200
+        assert not [h for h in raw.headers if h.startswith("x-ratelimit-") or h.startswith("retry-after")]
 
 
-@pytest.mark.skipif(not settings.REDIS_URL, reason="REDIS_URL is not set")
-def test_the_limit_holds_across_event_loops_and_threads(world):
-    """Two gateway processes look like two threads with their own loops and Redis connections here."""
-    key = KeyInfo(
+def _key(world: dict[str, Any], *, rpm: int) -> KeyInfo:
+    return KeyInfo(
         id=1,
         account_id=1,
         account_name="x",
@@ -90,11 +97,57 @@ def test_the_limit_holds_across_event_loops_and_threads(world):
         digest=make_key(account=world["account"]).api_key.digest,
         scopes=frozenset(),
         allowed_models=frozenset(),
-        rpm=10,
+        rpm=rpm,
         tpm=None,
         expires_at=None,
         revoked=False,
     )
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="REDIS_URL is not set")
+def test_a_new_loop_that_reuses_a_closed_loops_id_gets_its_own_redis_client(world):
+    """A process runs loop after loop (workers, tests): a later loop often gets a closed one's id(), and
+    must not be handed the Redis client bound to that closed loop (it fails with 'Event loop is closed')."""
+    key = _key(world, rpm=4)
+    first = asyncio.new_event_loop()
+    assert first.run_until_complete(rate_limit_admit(key=key, tokens=1)).allowed
+    first_id, first_ref = id(first), weakref.ref(first)
+    first.close()
+    del first
+    # The next loop's client replaces it: the closed loop and its client are not kept for ever.
+    asyncio.run(rate_limit_admit(key=key, tokens=1))
+    gc.collect()
+    assert first_ref() is None, "the limiter keeps a closed loop (and its Redis client) alive"
+    for _ in range(1000):
+        loop = asyncio.new_event_loop()
+        if id(loop) == first_id:
+            break
+        loop.close()
+    else:
+        pytest.skip("no new loop reused the closed loop's id")
+    try:
+        decisions = [loop.run_until_complete(rate_limit_admit(key=key, tokens=1)) for _ in range(3)]
+    finally:
+        loop.close()
+    # The bucket is Redis's, shared by every loop: 4 per minute, two taken on the earlier loops.
+    assert [d.allowed for d in decisions] == [True, True, False]
+    assert decisions[1].remaining_requests == 0
+    assert decisions[2].retry_after_ms > 0
+
+
+def test_a_process_state_reset_refills_this_process_buckets(world, settings):
+    settings.REDIS_URL = ""
+    key = _key(world, rpm=1)
+    assert asyncio.run(rate_limit_admit(key=key, tokens=1)).allowed
+    assert not asyncio.run(rate_limit_admit(key=key, tokens=1)).allowed
+    state.reset()
+    assert asyncio.run(rate_limit_admit(key=key, tokens=1)).allowed
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="REDIS_URL is not set")
+def test_the_limit_holds_across_event_loops_and_threads(world):
+    """Two gateway processes look like two threads with their own loops and Redis connections here."""
+    key = _key(world, rpm=10)
     admitted: list[bool] = []
 
     def hammer() -> None:

@@ -30,6 +30,12 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     """One loop for the test's routing calls (the snapshot refresh runs on its thread pool)."""
     loop = asyncio.new_event_loop()
     yield loop
+    # End it as asyncio.run does: the background tasks it started (the fleet sync) are cancelled first.
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
     loop.run_until_complete(loop.shutdown_default_executor())
     loop.close()
     if connection.vendor == "postgresql":  # the pool's threads leave their connections behind

@@ -32,6 +32,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from core import state
+
 DECAY_S = 10.0
 FAILURE_S = 10.0
 POLICIES = ("least-loaded", "random")
@@ -134,3 +136,6 @@ def forget() -> None:
     """Drop what this process observed (tests)."""
     _latency.clear()
     _failed_at.clear()
+
+
+state.register("workers.balancer", forget)

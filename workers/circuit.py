@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db.models import Case, DateTimeField, F, Q, Value, When
 from django.utils import timezone
 
+from workers.config import get_routing_config
 from workers.models import Worker
 
 log = logging.getLogger("speedinfer.circuit")
@@ -34,12 +34,12 @@ HALF_OPEN = Worker.Circuit.HALF_OPEN
 def trial_ttl() -> timedelta:
     # A claimed trial whose process died must not keep the worker out forever; a live trial
     # can legitimately take as long as a read timeout.
-    return timedelta(seconds=max(settings.SPEEDINFER_CIRCUIT_COOLDOWN, settings.SPEEDINFER_UPSTREAM_READ_TIMEOUT))
+    return timedelta(seconds=get_routing_config().trial_ttl)
 
 
 def _trial_cutoffs(now: datetime) -> tuple[datetime, datetime]:
     """(opened before this: cooled down, claimed before this: the trial's claimant is presumed dead)."""
-    return now - timedelta(seconds=settings.SPEEDINFER_CIRCUIT_COOLDOWN), now - trial_ttl()
+    return now - timedelta(seconds=get_routing_config().circuit_cooldown), now - trial_ttl()
 
 
 def trial_due(*, state: str, opened_at: datetime | None, claimed_at: datetime | None, now: datetime) -> bool:
@@ -63,7 +63,7 @@ def record_failure_sync(worker_id: str, *, reason: str) -> tuple[str, int]:
     Returns the state and failure count after."""
     now = timezone.now()
     opens = Q(circuit_state=HALF_OPEN) | Q(
-        circuit_state=CLOSED, consecutive_failures__gte=settings.SPEEDINFER_CIRCUIT_FAILURE_THRESHOLD - 1
+        circuit_state=CLOSED, consecutive_failures__gte=get_routing_config().circuit_failure_threshold - 1
     )
     Worker.objects.filter(worker_id=worker_id).update(
         consecutive_failures=F("consecutive_failures") + 1,
@@ -108,7 +108,7 @@ def record_success_sync(worker_id: str) -> None:
 def record_probe_success_sync(worker_id: str) -> bool:
     """A probe succeeded. Once the cooldown is over a probe serves as the trial, so a worker that came
     back is closed again without waiting for a customer's request to risk it."""
-    cutoff = timezone.now() - timedelta(seconds=settings.SPEEDINFER_CIRCUIT_COOLDOWN)
+    cutoff = timezone.now() - timedelta(seconds=get_routing_config().circuit_cooldown)
     eligible = Q(circuit_state=HALF_OPEN) | Q(circuit_state=OPEN, circuit_opened_at__lte=cutoff)
     eligible |= Q(circuit_state=CLOSED, consecutive_failures__gt=0)
     updated = (

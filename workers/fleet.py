@@ -25,11 +25,12 @@ import os
 import secrets
 import socket
 import time
-import weakref
 from typing import Any
 
-from django.conf import settings
 from django.db import connection
+
+from core import state
+from workers.config import get_routing_config
 
 log = logging.getLogger("speedinfer.routing")
 
@@ -43,7 +44,17 @@ PROCESS = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 _local: dict[str, int] = {}
 _others: dict[str, int] = {}
 _others_at = float("-inf")
-_tasks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = weakref.WeakKeyDictionary()
+# Per loop: the sync task (cancelled on reset; its finally withdraws this process's counts).
+_tasks: state.LoopLocal[asyncio.Task[None]] = state.LoopLocal("workers.fleet.sync", close=state.cancel)
+
+
+def _reset() -> None:
+    global _others, _others_at
+    _local.clear()
+    _others, _others_at = {}, float("-inf")
+
+
+state.register("workers.fleet", _reset)
 
 
 def _namespace() -> str:
@@ -92,17 +103,16 @@ def view() -> dict[str, int]:
 
 def ensure_sync() -> None:
     """Start this event loop's sync task if it is not running (a dict lookup when it is)."""
-    if not settings.REDIS_URL:
+    if not get_routing_config().redis_url:
         return
-    loop = asyncio.get_running_loop()
-    task = _tasks.get(loop)
+    task = _tasks.get()
     if task is None or task.done():
-        _tasks[loop] = loop.create_task(_sync_forever(), name="speedinfer-fleet-sync")
+        _tasks.set(asyncio.get_running_loop().create_task(_sync_forever(), name="speedinfer-fleet-sync"))
 
 
 async def stop() -> None:
     """End this loop's sync task and withdraw this process's counts (ASGI shutdown)."""
-    task = _tasks.pop(asyncio.get_running_loop(), None)
+    task = _tasks.pop()
     if task is not None and not task.done():
         task.cancel()
         try:
@@ -149,7 +159,7 @@ async def _sync_forever() -> None:
     import redis.asyncio as aioredis
     from redis.exceptions import RedisError
 
-    client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+    client = aioredis.Redis.from_url(get_routing_config().redis_url, socket_connect_timeout=2, socket_timeout=2)
     known: list[str] = []
     idle_since: float | None = None
     warned = False

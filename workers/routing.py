@@ -2,7 +2,7 @@
 
 The gateway must not hit the database per request to learn health or circuit
 state: selection reads a per-process snapshot of the enabled workers, refreshed
-at most every SPEEDINFER_ROUTING_CACHE_TTL seconds (one query, shared by all
+at most every SPEEDINFER_ROUTING_CACHE_TTL seconds (core.cache_policy; one query, shared by all
 coroutines of the process). The database is touched on the request path only to
 claim a half-open trial, at most once per worker per refresh in a process.
 
@@ -18,16 +18,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-import weakref
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.utils import timezone
 
+from core import state
 from core.db import db_call
 from runtimes.target import WorkerTarget
 from workers import balancer, circuit, fleet
+from workers.config import get_routing_config
 from workers.models import Worker
 
 
@@ -54,7 +54,7 @@ class _Snapshot:
 
 _EMPTY = _Snapshot(entries={}, loaded_at=float("-inf"))
 _snapshot: _Snapshot = _EMPTY
-_refreshing: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[_Snapshot]] = weakref.WeakKeyDictionary()
+_refreshing: state.LoopLocal[asyncio.Task[_Snapshot]] = state.LoopLocal("workers.routing.refreshing")
 # Workers this process could not connect to, with the last probe time the snapshot knew then: they
 # are skipped until a later probe has looked at them (and, if it found them healthy, they return).
 _unreachable: dict[str, datetime | None] = {}
@@ -62,8 +62,7 @@ _unreachable: dict[str, datetime | None] = {}
 
 def _load() -> _Snapshot:
     entries: dict[str, _Entry] = {}
-    # A runtime's figures older than a few probe intervals (the probe loop stopped) steer nothing.
-    load_since = timezone.now() - timedelta(seconds=3 * settings.SPEEDINFER_PROBE_INTERVAL + 5)
+    load_since = timezone.now() - timedelta(seconds=get_routing_config().load_fresh_for)
     for w in Worker.objects.filter(enabled=True):
         readiness = w.model_readiness or {}
         load_fresh = w.runtime_load_at is not None and w.runtime_load_at >= load_since
@@ -84,7 +83,7 @@ def _load() -> _Snapshot:
 
 
 def _fresh(snap: _Snapshot) -> bool:
-    return time.monotonic() - snap.loaded_at < settings.SPEEDINFER_ROUTING_CACHE_TTL
+    return get_routing_config().cache.fresh(time.monotonic() - snap.loaded_at)
 
 
 def _store(snap: _Snapshot) -> _Snapshot:
@@ -93,34 +92,26 @@ def _store(snap: _Snapshot) -> _Snapshot:
     return snap
 
 
-# A stale snapshot is served while a refresh runs beside the request, so the one request a second that
-# finds it stale does not wait for the query (it did: ~2 ms at c1 in make bench); but only this long
-# past the TTL, so a worker a probe marked down stops taking traffic within TTL + this (docs/workers.md).
-_STALE_GRACE = 0.5
-
-
 async def _current() -> _Snapshot:
     """The snapshot, refreshed when stale; concurrent callers share one refresh query."""
     snap = _snapshot
     if _fresh(snap):
         return snap
     task = _refresh_task()
-    ttl = settings.SPEEDINFER_ROUTING_CACHE_TTL
-    if ttl > 0 and time.monotonic() - snap.loaded_at < ttl + min(ttl, _STALE_GRACE):
+    if get_routing_config().cache.servable(time.monotonic() - snap.loaded_at):
         return snap
     return await asyncio.shield(task)
 
 
 def _refresh_task() -> asyncio.Task[_Snapshot]:
     """This loop's refresh, started if none runs (concurrent callers share it)."""
-    loop = asyncio.get_running_loop()
-    task = _refreshing.get(loop)
+    task = _refreshing.get()
     if task is None or task.done():
         task = asyncio.ensure_future(_refresh_async())
         # A refresh nobody awaited (its requests were served the stale snapshot) may fail with the
         # database down: read its exception so the loop does not log it as never retrieved.
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        _refreshing[loop] = task
+        _refreshing.set(task)
     return task
 
 
@@ -153,6 +144,14 @@ def _load_and_close() -> _Snapshot:
 def invalidate() -> None:
     """Forget the snapshot (tests; after staff changes in this process)."""
     _store(_EMPTY)
+
+
+def _reset() -> None:
+    invalidate()
+    _unreachable.clear()
+
+
+state.register("workers.routing", _reset)
 
 
 def note_circuit(worker_id: str, *, state: str, failures: int) -> None:
@@ -223,7 +222,7 @@ async def eligible_workers(model_id: str) -> list[WorkerTarget]:
         for e in closed
     ]
     views = {e.view.worker_id: e.view for e in closed}
-    ranked = balancer.order(candidates, policy=settings.SPEEDINFER_ROUTING_POLICY)
+    ranked = balancer.order(candidates, policy=get_routing_config().policy)
     # A won trial goes first: it must be tried, or the circuit never closes.
     return trials + [views[c.worker_id] for c in ranked]
 
