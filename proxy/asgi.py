@@ -20,6 +20,7 @@ from core.metrics import observe_request
 from core.outages import DB_ERRORS, DatabaseUnavailable, RedisUnavailable
 from core.request_log import log_request
 from proxy.auth import authenticate
+from proxy.billed import start_journal_replay
 from proxy.errors import GatewayError
 from proxy.exchange import Exchange, Receive, Scope, Send
 from proxy.gateway import handle_completion
@@ -111,6 +112,7 @@ ROUTES: dict[str, tuple[bytes, Handler]] = {
 
 
 async def gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
+    start_journal_replay()  # once per process: servers without the ASGI lifespan (daphne) start here
     ex = Exchange(scope, receive, send)
     path = scope["path"].rstrip("/") or "/"
     route = ROUTES.get(path)
