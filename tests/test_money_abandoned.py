@@ -159,9 +159,10 @@ def test_an_answer_past_the_read_timeout_is_not_retried_and_counts_once(world):
     register_worker(world["vllm"].base_url, read_timeout=0.5)
     vllm = world["vllm"]
     before = money(world["account"])
-    body = {"model": "acme/model-1", "messages": [{"role": "user", "content": "a long essay [vllm latency=1500]"}]}
+    messages: list[Any] = [{"role": "user", "content": "a long essay [vllm latency=1500]"}]
+    body = {"model": "acme/model-1", "messages": messages}
     with pytest.raises(openai.APIStatusError) as failure:
-        _sdk(world, max_retries=2).chat.completions.create(**body)
+        _sdk(world, max_retries=2).chat.completions.create(model="acme/model-1", messages=messages)
     assert failure.value.status_code == 504
     assert failure.value.response.headers["x-should-retry"] == "false"
     assert vllm.stats.requests == 1  # the SDK honoured it: the worker did the long work once, not three times
