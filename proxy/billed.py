@@ -7,7 +7,8 @@ still goes out.
 The reservation is leased while the request runs (renewed every billing.services.LEASE_RENEW_EVERY),
 so the sweeper never frees a running request's hold; a settle that finds it expired anyway still charges.
 
-The disconnect rule (docs/billing.md, "A client that leaves"), in this module only:
+The disconnect rule (docs/billing.md, "Clients that disconnect"), in this module only, for every
+transport and endpoint that streams (proxy.streaming, the Responses API):
 - mid-stream (`BilledCall.charge_disconnected`, counting with `delivered_tokens`):
   - the worker's usage event had already arrived: settle with it (the client was sent everything);
   - nothing had been sent yet: release, nothing is charged;
