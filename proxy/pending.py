@@ -118,6 +118,12 @@ class _Journal:
             self.path = directory / f"closes-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else holds it
+            # The new name must survive a power cut too, not only the lines written to it.
+            directory_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(directory_fd)
+            finally:
+                os.close(directory_fd)
             self.fd = fd
         return self.fd
 

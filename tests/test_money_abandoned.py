@@ -65,7 +65,7 @@ def _eventually(check: Any, timeout: float = 5) -> None:
 def test_a_client_leaving_after_150_reasoning_deltas_pays_for_them(world, field):
     register_worker(world["vllm"].base_url)
     before = money(world["account"])
-    text = f"think it over [vllm reasoning=400 content=2 delay=10 field={field}]"
+    text = f"think it over [vllm reasoning=300 content=2 delay=20 field={field}]"
     seen = 0
     with httpx.stream(
         "POST",
@@ -86,7 +86,7 @@ def test_a_client_leaving_after_150_reasoning_deltas_pays_for_them(world, field)
     assert record.status == "client_disconnected"
     # Every reasoning delta sent is a completion token: the 150 read, and the few sent before the
     # gateway noticed (it used to charge 0 for reasoning deltas).
-    assert 150 <= record.completion_tokens <= 160, record.completion_tokens
+    assert 150 <= record.completion_tokens <= 165, record.completion_tokens
     assert record.prompt_tokens == -(-len(text.encode()) // 4)  # prompt bytes / 4, rounded up
     assert record.cost == record.prompt_tokens * 1 + record.completion_tokens * 2
     assert money(world["account"]) == (before[0] - record.cost, 0)
