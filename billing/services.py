@@ -254,7 +254,12 @@ async def reservation_settle_async(
 
 
 def _release_usage(error_code: str, outcome: RequestOutcome | None) -> dict[str, Any] | None:
-    return usage_fields(outcome, status=UsageRecord.Status.FAILED, error_code=error_code) if error_code else None
+    if not error_code:
+        return None
+    # A client that left before anything was delivered is not a failed request: its record says so.
+    disconnected = error_code == UsageRecord.Status.CLIENT_DISCONNECTED
+    status = UsageRecord.Status.CLIENT_DISCONNECTED if disconnected else UsageRecord.Status.FAILED
+    return usage_fields(outcome, status=status, error_code=error_code)
 
 
 def reservation_release(

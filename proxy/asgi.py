@@ -24,6 +24,7 @@ from core.outcome import RequestOutcome
 from core.refusals import is_refusal, note_refusal
 from core.request_log import log_request
 from proxy.auth import authenticate
+from proxy.billed import start_journal_replay
 from proxy.errors import GatewayError
 from proxy.exchange import Exchange, Receive, Scope, Send
 from proxy.gateway import handle_completion
@@ -115,6 +116,7 @@ ROUTES: dict[str, tuple[bytes, Handler]] = {
 
 
 async def gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
+    start_journal_replay()  # once per process: servers without the ASGI lifespan (daphne) start here
     ex = Exchange(scope, receive, send)
     path = scope["path"].rstrip("/") or "/"
     route = ROUTES.get(path)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 import orjson
 
@@ -131,8 +130,7 @@ async def _relay(call: BilledCall, client: WorkerClient, first: bytes, upstream:
                 if ex.disconnected:
                     raise asyncio.CancelledError
                 await ex.send_chunk(b"data: " + orjson.dumps(chunk) + b"\n\n")
-                if choices and _has_content(choices[0]):
-                    call.delivered_chunks += 1
+                call.note_sent(choices)
             payload = await _next_event(upstream, client, deadline)
         if call.usage is None:
             raise RuntimeUsageUnavailable("the worker's stream ended without usage; nothing was charged")
@@ -156,12 +154,3 @@ async def _relay(call: BilledCall, client: WorkerClient, first: bytes, upstream:
         async with asyncio.timeout(1):
             async for _ in upstream.payloads:
                 pass
-
-
-def _has_content(choice: Any) -> bool:
-    if not isinstance(choice, dict):
-        return False
-    delta = choice.get("delta")
-    if isinstance(delta, dict):
-        return bool(delta.get("content") or delta.get("tool_calls") or delta.get("function_call"))
-    return bool(choice.get("text"))

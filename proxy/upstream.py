@@ -7,6 +7,7 @@ this module asks a client what it can do (`capabilities`) and never names a tran
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -56,30 +57,58 @@ async def forward_once(call: BilledCall, client: WorkerClient) -> Answer:
     worker_id = client.worker.worker_id
     routing.acquire(worker_id)
     started, ok = time.perf_counter(), False
+    latency: float | None = None
     try:
         answer = await serve(params=params, max_tokens=max_tokens, request_id=request_id)
         ok = True
         return answer
+    except asyncio.CancelledError:
+        raise  # the client left: says nothing about the worker's speed
+    except BaseException:
+        latency = time.perf_counter() - started
+        raise
     finally:
-        routing.release(worker_id, latency=time.perf_counter() - started, ok=ok)
+        if ok:
+            latency = time.perf_counter() - started
+        routing.release(worker_id, latency=latency, ok=ok)
 
 
 async def complete(call: BilledCall) -> None:
-    """A non-streaming request: forward, settle from the worker's usage, answer."""
+    """A non-streaming request: forward, settle from the worker's usage, answer.
+
+    While the worker works, a client that disconnects (or times out) cancels the upstream call at
+    once: its connection is closed, so the worker stops (vLLM aborts a request whose client left),
+    and nothing is charged (BilledCall.charge_abandoned)."""
+    ex = call.ex
+    watcher = ex.watch_disconnect()
     try:
         for attempt, client in enumerate(call.clients[:2]):
             worker = call.worker = client.worker
             try:
-                data, usage = await forward_once(call, client)
+                if ex.disconnected:
+                    raise asyncio.CancelledError
+                ex.interruptible = True
+                try:
+                    data, usage = await forward_once(call, client)
+                finally:
+                    ex.interruptible = False
             except WorkerError as error:
                 await worker_failed(call, client, error, attempt=attempt)
                 continue
             await routing.record_success(worker.worker_id)
             call.usage = usage
             await call.settle(usage)
-            await call.ex.respond_json(200, data)
+            await ex.respond_json(200, data)
             return
+    except asyncio.CancelledError:
+        if not ex.disconnected:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        await call.charge_abandoned()
     finally:
+        watcher.cancel()
         await call.release("internal_error")  # only if something above raised unexpectedly
 
 
@@ -101,8 +130,9 @@ async def worker_failed(call: BilledCall, client: WorkerClient, error: WorkerErr
     if error.unreachable:
         routing.mark_unreachable(worker.worker_id)
     if error.counts_against_circuit:
-        await routing.record_failure(worker.worker_id, reason=error.code)
+        await routing.record_failure(worker.worker_id, reason=error.code, fingerprint=call.retry_fingerprint())
         if attempt == 0 and len(call.clients) > 1:
             return
     await call.release(error.code)
-    raise GatewayError(error.status, error.code, error.message) from None
+    headers = None if error.retry_helps else [(b"x-should-retry", b"false")]
+    raise GatewayError(error.status, error.code, error.message, headers=headers) from None

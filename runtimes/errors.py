@@ -17,6 +17,9 @@ class WorkerError(Exception):
     status = 502
     code = "upstream_error"
     counts_against_circuit = True
+    # False where the client's retry of the same request would fail the same way (the gateway then
+    # answers `x-should-retry: false`, which the openai SDK honours; docs/api.md, Errors).
+    retry_helps = True
 
     def __init__(self, message: str, *, detail: str = "", unreachable: bool = False) -> None:
         super().__init__(message)
@@ -51,6 +54,7 @@ class RuntimeUsageUnavailable(WorkerError):
     status = 502
     code = "runtime_usage_unavailable"
     counts_against_circuit = False
+    retry_helps = False  # the worker answers the same shape again
 
 
 @contextmanager
@@ -63,7 +67,11 @@ def http_failures(
     try:
         yield
     except (httpx.TimeoutException, TimeoutError) as exc:
-        raise UpstreamTimeout(f"{who} {timed_out}", detail=repr(exc)) from None
+        error = UpstreamTimeout(f"{who} {timed_out}", detail=repr(exc))
+        # Not connecting in time may pass; an answer that outlasts the read or total timeout is as long
+        # the next time.
+        error.retry_helps = isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout)
+        raise error from None
     except httpx.ConnectError as exc:
         raise UpstreamError(f"{who} {broken}", detail=repr(exc), unreachable=True) from None
     except httpx.HTTPError as exc:

@@ -1,4 +1,5 @@
-"""ASGI lifespan: close this process's pooled upstream clients and database pool on shutdown.
+"""ASGI lifespan: at start-up, replay the close journal of dead gateway processes (proxy.pending); on
+shutdown, close this process's pooled upstream clients and database pool.
 
 Both are per event loop (runtimes.http, core.pgpool); closing them at
 shutdown ends keep-alive connections cleanly instead of leaving them to the
@@ -11,6 +12,7 @@ import logging
 from typing import Any
 
 from core.pgpool import close_pool
+from proxy.billed import start_journal_replay
 from runtimes.http import close_client
 from workers import fleet
 
@@ -21,6 +23,7 @@ async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
+            start_journal_replay()  # closes a gateway process that died had queued (proxy.pending)
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             try:

@@ -275,3 +275,67 @@ def test_database_cut_is_a_503_page_on_the_dashboard_and_the_admin(world, pg, ga
     while httpx.get(gateway.url + "/dashboard/", cookies=pages[0][1], timeout=10).status_code != 200:
         assert time.monotonic() < deadline, "the dashboard did not come back"
         time.sleep(0.2)
+
+
+def _journal_lines(var_dir: Any) -> list[dict[str, Any]]:
+    import orjson
+
+    return [
+        orjson.loads(line)
+        for path in sorted(var_dir.glob("journal/*.jsonl"))
+        for line in path.read_bytes().splitlines()
+    ]
+
+
+@pytest.mark.parametrize("worker_latency_ms", [1500])  # time to cut the database between reserve and settle
+def test_settle_queued_during_a_cut_survives_a_sigkill_and_is_charged_once(world, pg, gateway_factory, tmp_path):
+    var_dir = tmp_path / "var"
+    via_pg = _via(world["database_url"], pg)
+    before = Account.objects.get(pk=world["account"].pk).available
+    gateway = gateway_factory(DATABASE_URL=via_pg, SPEEDINFER_VAR_DIR=str(var_dir))
+    result: dict[str, Any] = {}
+    request = threading.Thread(target=lambda: result.update(answer=_post(gateway, world["secret"])))
+    request.start()
+    deadline = time.monotonic() + 5
+    while not Reservation.objects.filter(status="held").exists():  # reserved: the worker is thinking
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    pg.stop()
+    request.join(10)
+    response, _ = result["answer"]
+    assert response.status_code == 200, response.text  # the answer went out; its settle is queued
+    usage = response.json()["usage"]
+    reservation = Reservation.objects.get(status="held")
+    journalled = _journal_lines(var_dir)
+    assert [(e["op"], e["what"], e["reservation_id"]) for e in journalled] == [("close", "settle", str(reservation.pk))]
+
+    gateway.process.kill()  # SIGKILL: no shutdown, no chance to write anything
+    gateway.process.wait(10)
+    # A successor starts while the database is still cut: it takes the journal over and keeps retrying.
+    successor = gateway_factory(DATABASE_URL=via_pg, SPEEDINFER_VAR_DIR=str(var_dir))
+    time.sleep(1.5)
+    assert Reservation.objects.get(pk=reservation.pk).status == "held"
+    pg.start()
+    restored = time.monotonic()
+    while Reservation.objects.get(pk=reservation.pk).status == "held":
+        assert time.monotonic() - restored < 8, "the journalled settle was not written"
+        time.sleep(0.1)
+    print(f"journalled settle written by the successor {time.monotonic() - restored:.2f} s after the database returned")
+    assert Reservation.objects.get(pk=reservation.pk).status == "settled"
+    record = UsageRecord.objects.get(reservation=reservation)
+    assert (record.prompt_tokens, record.completion_tokens) == (usage["prompt_tokens"], usage["completion_tokens"])
+    # 1 micro-credit per prompt token, 2 per completion token (tests.factories.make_model's prices).
+    assert record.cost == usage["prompt_tokens"] + 2 * usage["completion_tokens"] > 0
+    assert Account.objects.get(pk=world["account"].pk).available == before - record.cost
+    _assert_ledger_reconciles(world["account"])
+
+    # A third process finds nothing left to replay: charged exactly once.
+    successor.stop()
+    third = gateway_factory(DATABASE_URL=via_pg, SPEEDINFER_VAR_DIR=str(var_dir))
+    assert _post(third, world["secret"])[0].status_code == 200
+    assert UsageRecord.objects.filter(reservation=reservation).count() == 1
+    assert LedgerEntry.objects.filter(reference=str(reservation.pk)).count() == 2  # the hold and its settle
+    settled = UsageRecord.objects.exclude(reservation=reservation).get()
+    assert Account.objects.get(pk=world["account"].pk).available == before - record.cost - settled.cost
+    assert all(e["op"] != "close" or e["reservation_id"] != str(reservation.pk) for e in _journal_lines(var_dir))
+    _assert_ledger_reconciles(world["account"])

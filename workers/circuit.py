@@ -16,6 +16,7 @@ these transitions for the event loop and notes its own in the snapshot at once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime, timedelta
 
@@ -91,6 +92,28 @@ def record_failure_sync(worker_id: str, *, reason: str) -> tuple[str, int]:
     elif state == OPEN:
         log.debug("worker %s circuit still open after %d consecutive failures (%s)", worker_id, failures, reason)
     return state, failures
+
+
+def _first_sighting_sync(key: str, ttl: float) -> bool:
+    from django.core.cache import cache
+
+    return bool(cache.add(key, 1, timeout=max(1, round(ttl))))
+
+
+async def first_failure_of(*, worker_id: str, fingerprint: str) -> bool:
+    """Whether this failure is the first, within the circuit cooldown, of the client request named by
+    `fingerprint` on this worker: a client's retries of one failing request (the openai SDK retries a
+    5xx or a timeout twice) count once against the circuit, so one bad request cannot open it.
+
+    The fingerprint is kept in the cache for the cooldown (Redis in production, so it holds across
+    gateway processes; the process's memory in the embedded profile, which runs one). With the cache
+    unreachable every failure counts, as before."""
+    key = f"si:circuit-retry:{worker_id}:{fingerprint}"
+    try:
+        return await asyncio.to_thread(_first_sighting_sync, key, get_routing_config().circuit_cooldown)
+    except Exception:
+        log.warning("the circuit's retry fingerprints are unreachable; the failure counts", exc_info=True)
+        return True
 
 
 def record_success_sync(worker_id: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -29,6 +30,8 @@ from runtimes.target import WorkerTarget
 from workers import balancer, circuit, fleet
 from workers.config import get_routing_config
 from workers.models import Worker
+
+log = logging.getLogger("speedinfer.circuit")
 
 
 @dataclass(slots=True)
@@ -271,7 +274,12 @@ async def record_success(worker_id: str) -> None:
     note_circuit(worker_id, state=circuit.CLOSED, failures=0)
 
 
-async def record_failure(worker_id: str, *, reason: str) -> None:
-    """After an upstream connection error, timeout or 5xx."""
+async def record_failure(worker_id: str, *, reason: str, fingerprint: str | None = None) -> None:
+    """After an upstream connection error, timeout or 5xx. With the client request's `fingerprint`,
+    a retry of a request that already failed on this worker is not counted again
+    (circuit.first_failure_of)."""
+    if fingerprint is not None and not await circuit.first_failure_of(worker_id=worker_id, fingerprint=fingerprint):
+        log.info("worker %s failed a retried request (%s); counted once against the circuit", worker_id, reason)
+        return
     state, failures = await db_call(circuit.record_failure_sync)(worker_id, reason=reason)
     note_circuit(worker_id, state=state, failures=failures)
