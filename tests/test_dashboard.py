@@ -152,7 +152,7 @@ def test_keys_page_lists_only_own_keys(owner, owner_account, outsider_account):
     theirs = make_key(account=outsider_account, name="theirs").api_key
     html = owner.get("/dashboard/keys/").content.decode()
     # One table row per key of the owner's account (each carries its prefix), none of the outsider's.
-    rows = dict(re.findall(r'<tr[^>]* data-key="([^"]+)">\s*<td>([^<]*)</td>', html))
+    rows = dict(re.findall(r'<tr[^>]* data-key="([^"]+)">\s*<td[^>]*>([^<]*)<br>', html))
     assert rows == {mine.prefix: "mine", spare.prefix: "spare"}
     assert theirs.prefix not in html and "theirs" not in html
 
