@@ -140,7 +140,8 @@ class BilledCall:
                     observe_uncharged_overrun(worker_id=record.worker_id, micro_credits=record.uncharged)
             return record
 
-        await _close_or_queue("settle", self.reservation_id, close)
+        with self.ex.trace.step("settle"):
+            await _close_or_queue("settle", self.reservation_id, close)
         # Closed once the settle committed (or was queued until the database is back): a settle that
         # raised otherwise leaves the hold to release(), so nothing stays held.
         self.closed = self.settled = True
@@ -154,7 +155,8 @@ class BilledCall:
         def close() -> Awaitable[object]:
             return reservation_release_async(reservation_id=self.reservation_id, error_code=error_code, outcome=outcome)
 
-        await _close_or_queue("release", self.reservation_id, close)
+        with self.ex.trace.step("release"):
+            await _close_or_queue("release", self.reservation_id, close)
 
     async def charge_disconnected(self) -> None:
         """The client left mid-stream: charge what it was sent, nothing more (policy in the module docstring)."""
