@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from core.metrics import observe_queued_close
 from core.outages import DatabaseUnavailable
 
 log = logging.getLogger("speedinfer.gateway")
@@ -46,6 +47,7 @@ def pending_close(*, what: str, reservation_id: object, close: Callable[[], Awai
     if queue is None:
         queue = _queues[loop] = []
     queue.append(_Pending(what, reservation_id, close))
+    observe_queued_close(1)
     log.warning("reservation %s: the database is unreachable; the %s is queued and retried", reservation_id, what)
     drain = _drains.get(loop)
     if drain is None or drain.done():
@@ -67,3 +69,4 @@ async def _drain(queue: list[_Pending]) -> None:
             else:
                 log.info("reservation %s: the queued %s was written", item.reservation_id, item.what)
             queue.remove(item)
+            observe_queued_close(-1)
