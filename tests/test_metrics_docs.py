@@ -44,7 +44,8 @@ def test_the_dashboard_and_the_alert_rules_name_only_metrics_that_exist(make_wor
     register_worker(simulator.base_url, metrics_url=simulator.base_url.removesuffix("/v1") + "/metrics")
 
     hello: Any = [{"role": "user", "content": "hello"}]
-    assert ai.chat.completions.create(model="acme/model-1", messages=hello).usage.completion_tokens > 0
+    usage = ai.chat.completions.create(model="acme/model-1", messages=hello).usage
+    assert usage is not None and usage.completion_tokens > 0
     streamed = {"model": "acme/model-1", "stream": True, "messages": hello}
     assert stream_events(base, "/v1/chat/completions", world["secret"], streamed)
     # A worker reporting far more than the account can pay: the uncharged overrun series appears.
