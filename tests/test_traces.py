@@ -17,7 +17,7 @@ import pytest
 
 from proxy import tracing
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway"), pytest.mark.sqlite]
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILDREN = {"authenticate", "rate_limit", "reserve", "worker_call", "settle"}
@@ -217,6 +217,75 @@ def test_a_refused_request_is_traced_with_its_error(world, receiver):
     assert authenticate.status.code == authenticate.status.STATUS_CODE_ERROR
     assert "worker_call" not in named and "reserve" not in named
     assert_no_secret_or_endpoint(list(named.values()), world, receiver)
+
+
+class TritonLike:
+    """A Triton HTTP v2 infer endpoint that answers one fixed result and records each request's traceparent."""
+
+    def __init__(self) -> None:
+        self.traceparents: list[str] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                server.traceparents.append(self.headers.get("traceparent", ""))
+                outputs = [
+                    {"name": "text_output", "datatype": "BYTES", "shape": [1], "data": ["hello"]},
+                    {"name": "prompt_tokens", "datatype": "INT32", "shape": [1], "data": [3]},
+                    {"name": "completion_tokens", "datatype": "INT32", "shape": [1], "data": [1]},
+                ]
+                answer = json.dumps({"model_name": "m", "outputs": outputs}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_the_triton_transport_sends_the_traceparent():
+    import asyncio
+
+    from runtimes.client import client_for
+    from runtimes.http import close_client
+    from runtimes.request import CHAT, CompletionParams
+    from runtimes.target import WorkerTarget
+
+    triton = TritonLike()
+    names = {
+        "model_name": "m",
+        "input_name": "text_input",
+        "max_tokens_input_name": "max_tokens",
+        "output_name": "text_output",
+        "prompt_tokens_output_name": "prompt_tokens",
+        "completion_tokens_output_name": "completion_tokens",
+    }
+    worker = WorkerTarget(
+        pk=1, worker_id="t", runtime="triton", transport="triton", endpoint=triton.url, runtime_config=names
+    )
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+    def params(trace: str) -> CompletionParams:
+        hello = [{"role": "user", "content": "hi"}]
+        return CompletionParams(CHAT, {}, "m", False, False, None, ["hi"], hello, "", traceparent=trace)
+
+    async def call() -> None:
+        client = client_for(worker)
+        for trace in (traceparent, ""):
+            _, usage = await client.complete(params=params(trace), max_tokens=4, request_id="r")
+            assert (usage.prompt_tokens, usage.completion_tokens) == (3, 1)
+        await close_client()
+
+    asyncio.run(call())
+    triton.server.shutdown()
+    assert triton.traceparents == [traceparent, ""]
 
 
 # redis-py 8 imports opentelemetry.sdk.metrics itself when the SDK is installed (its optional command
