@@ -7,6 +7,7 @@ absolute times of a noisy 2-core box. See README "Performance" for how to read i
     python bench/run.py [--profiles full,embedded] [--servers serve,uvicorn,granian,daphne] [--quick] [--soak 300]
     python bench/run.py --no-peers                            # without Portkey's gateway beside SpeedInfer
     python bench/run.py --routing [--routing-seconds 10]   # only the routing scenario
+    python bench/run.py --tracing                             # only tracing off vs on (OTLP to a local receiver)
 """
 
 from __future__ import annotations
@@ -269,10 +270,18 @@ def latency_c1(
 
     def once(target: Target) -> float:
         nonlocal errors
-        conn = conns[target.name]
         t0 = time.perf_counter()
-        conn.request("POST", target.path, body=raw, headers=target.headers())
-        resp = conn.getresponse()
+        try:
+            conn = conns[target.name]
+            conn.request("POST", target.path, body=raw, headers=target.headers())
+            resp = conn.getresponse()
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            # The server closed a connection idle past its keep-alive (a slow round of the other path).
+            conns[target.name].close()
+            conn = conns[target.name] = http.client.HTTPConnection("127.0.0.1", target.port, timeout=30)
+            t0 = time.perf_counter()
+            conn.request("POST", target.path, body=raw, headers=target.headers())
+            resp = conn.getresponse()
         resp.read()
         elapsed = time.perf_counter() - t0
         if resp.status != 200:
@@ -505,6 +514,7 @@ class Report:
     sections: list[dict[str, Any]] = field(default_factory=list)
     routing: list[dict[str, Any]] = field(default_factory=list)
     peers: list[dict[str, Any]] = field(default_factory=list)  # skipped peers, and why
+    tracing: list[dict[str, Any]] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------- routing
@@ -619,6 +629,118 @@ def fmt_routing(row: dict[str, Any]) -> str:
         + (f", ERRORS {row[f'c{c}']['errors']}" if row[f"c{c}"]["errors"] else "")
         for c in (16, 1)
     )
+
+
+# ---------------------------------------------------------------------------- tracing
+
+
+class OTLPSink:
+    """A collector's OTLP/HTTP endpoint that only counts what it is sent (POST /v1/traces)."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from threading import Thread
+
+        sink = self
+        self.posts = 0
+        self.bytes = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                sink.posts += 1
+                sink.bytes += len(body)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def bench_tracing(profile: str, args: argparse.Namespace, report: Report) -> None:
+    """The same gateway with tracing off and on (every request exported over OTLP/HTTP to a local sink),
+    interleaved at c1 (and at c32 with wrk): what a trace adds to a request."""
+    var_dir = Path(tempfile.mkdtemp(prefix=f"speedinfer-bench-tracing-{profile}-"))
+    env = profile_env(profile, var_dir)
+    env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
+    reset_stores(profile)
+    up_port = free_port()
+    upstream = start(
+        "upstream",
+        [PY, "-m", "devtools.simulator", "--port", str(up_port), "--model", MODEL, "--deltas", "16"],
+        env,
+        port=up_port,
+        cpus=args.upstream_cpus,
+    )
+    sink = OTLPSink()
+    with running([upstream]):
+        key = seed(env, f"http://127.0.0.1:{up_port}/v1")
+        ports = {"off": free_port(), "on": free_port()}
+        envs = {"off": env, "on": {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url}}
+        gws = [
+            start(f"serve-tracing-{mode}", server_cmd("serve", port, 1), envs[mode], port=port, cpus=args.gateway_cpus)
+            for mode, port in ports.items()
+        ]
+        with running(gws):
+            # latency_c1 names its two paths "direct" and "gateway": here they are tracing off and on.
+            off = Target("direct", ports["off"], "/v1/chat/completions", key)
+            on = Target("gateway", ports["on"], "/v1/chat/completions", key)
+            c1 = latency_c1(off, on, body(), rounds=args.rounds, per_round=args.per_round)
+            row: dict[str, Any] = {
+                "profile": profile,
+                "c1_off_p50_ms": c1["direct_p50_ms"],
+                "c1_off_p99_ms": c1["direct_p99_ms"],
+                "c1_on_p50_ms": c1["gateway_p50_ms"],
+                "c1_on_p99_ms": c1["gateway_p99_ms"],
+                "added_p50_ms": c1["added_p50_ms"],
+                "added_p99_ms": c1["added_p99_ms"],
+                "errors": c1["errors"],
+            }
+            if shutil.which("wrk"):
+                cpu = {"off": gws[0].cpu_s(), "on": gws[1].cpu_s()}
+                tp = throughput(off, on, body(), seconds=args.wrk_seconds, rounds=args.wrk_rounds)
+                served = {
+                    mode: sum(r["requests"] for r in tp["runs"]["direct" if mode == "off" else "gateway"])
+                    for mode in ("off", "on")
+                }
+                row.update(
+                    c32_off_rps=tp["direct_rps"],
+                    c32_on_rps=tp["gateway_rps"],
+                    cpu_ms_per_request_off=(gws[0].cpu_s() - cpu["off"]) * 1000 / max(1, served["off"]),
+                    cpu_ms_per_request_on=(gws[1].cpu_s() - cpu["on"]) * 1000 / max(1, served["on"]),
+                    errors=row["errors"] + tp["gateway_errors"] + tp["direct_errors"],
+                )
+            time.sleep(6)  # the batch processor exports every 5 s: let the last batch arrive
+            row["otlp_posts"], row["otlp_bytes"] = sink.posts, sink.bytes
+    sink.stop()
+    report.tracing.append(row)
+    print(f"== tracing {profile}: {fmt_tracing(row)}", flush=True)
+    shutil.rmtree(var_dir, ignore_errors=True)
+
+
+def fmt_tracing(row: dict[str, Any]) -> str:
+    text = (
+        f"c1 off p50/p99 {row['c1_off_p50_ms']:.2f} / {row['c1_off_p99_ms']:.2f} ms, on "
+        f"{row['c1_on_p50_ms']:.2f} / {row['c1_on_p99_ms']:.2f} ms, added {row['added_p50_ms']:.2f} / "
+        f"{row['added_p99_ms']:.2f} ms"
+    )
+    if "c32_on_rps" in row:
+        text += (
+            f"; c32 off {row['c32_off_rps']:.0f} rps ({row['cpu_ms_per_request_off']:.2f} ms CPU/request), on "
+            f"{row['c32_on_rps']:.0f} rps ({row['cpu_ms_per_request_on']:.2f} ms CPU/request)"
+        )
+    text += f"; {row['otlp_posts']} OTLP posts, {row['otlp_bytes'] / 1024:.0f} KiB"
+    return text + (f", ERRORS {row['errors']}" if row["errors"] else "")
 
 
 @contextmanager
@@ -880,6 +1002,8 @@ def table(report: Report) -> str:
             lines += ["", f"Streaming ({s['server']}): {s['stream_check']}"]
     for p in report.peers:
         lines += ["", f"Peer {p['name']}: skipped ({p['skipped']})"]
+    for t in report.tracing:
+        lines += ["", f"Tracing ({t['profile']}, serve x1, OTLP/HTTP to a local receiver): {fmt_tracing(t)}"]
     for s in report.sections:
         if "stream" in s:
             lines += ["", f"Streaming ({s['profile']}, {s['server']}): {fmt_stream(s['stream'])}"]
@@ -916,6 +1040,9 @@ def main(argv: list[str] | None = None) -> None:
         "--routing", action="store_true", help="only the routing scenario: fast/slow split and p99 by policy"
     )
     parser.add_argument("--routing-seconds", type=float, default=10, help="seconds of c16 per policy (c1: half)")
+    parser.add_argument(
+        "--tracing", action="store_true", help="only the tracing scenario: the gateway with OTLP export off and on"
+    )
     args = parser.parse_args(argv)
     args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     args.workers = [int(w) for w in args.workers.split(",")]
@@ -923,17 +1050,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.rounds, args.per_round, args.wrk_seconds, args.wrk_rounds = 2, 20, 2, 1
         args.stream_rounds, args.soak, args.routing_seconds = 2, 2, 2
-    if not shutil.which("wrk") and not args.routing:
+    if not shutil.which("wrk") and not (args.routing or args.tracing):
         sys.exit("wrk is not installed: `make bench` installs it (apt-get install wrk)")
     report = Report(
         started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         machine={"cpus": os.cpu_count(), "python": sys.version.split()[0]},
     )
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
-    if not args.routing:
+    if not (args.routing or args.tracing):
         for profile in profiles:
             bench_profile(profile, args, report)
-    bench_routing(profiles[0], args, report)
+    if not args.tracing:
+        bench_routing(profiles[0], args, report)
+    if not args.routing:
+        bench_tracing(profiles[0], args, report)
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(report.__dict__, indent=2, default=str))

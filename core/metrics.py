@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import REGISTRY, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
@@ -64,6 +64,13 @@ UNCHARGED_OVERRUN = Counter(
     "speedinfer_uncharged_overrun_credits",
     "Credits of usage a worker reported beyond what the account could pay: recorded, not charged.",
     ["worker"],
+    registry=REGISTRY,
+)
+
+SETTLES_QUEUED = Gauge(
+    "speedinfer_settles_queued",
+    "Settles and releases waiting for the database, which was unreachable when their request ended (proxy.pending).",
+    multiprocess_mode="livesum",
     registry=REGISTRY,
 )
 
@@ -154,6 +161,11 @@ def observe_spend(model: str, cost: int) -> None:
 def observe_uncharged_overrun(*, worker_id: str, micro_credits: int) -> None:
     """A settle capped its charge at what the account could pay (the gateway calls it from the settle's result)."""
     UNCHARGED_OVERRUN.labels(_workers(worker_id) if worker_id else "-").inc(micro_credits / MICRO)
+
+
+def observe_queued_close(change: int) -> None:
+    """A settle or release was queued (+1) or left the queue (-1): written, or given up to the sweep."""
+    SETTLES_QUEUED.inc(change)
 
 
 def exposition(state: list[Collector]) -> bytes:

@@ -189,7 +189,12 @@ class Simulator:
         if not isinstance(body, dict):
             return _error(400, "body must be an object")
         self.stats.requests.append(
-            {"path": request.path, "authorization": request.headers.get("Authorization", ""), "body": body}
+            {
+                "path": request.path,
+                "authorization": request.headers.get("Authorization", ""),
+                "traceparent": request.headers.get("traceparent", ""),
+                "body": body,
+            }
         )
         return body
 

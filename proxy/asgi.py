@@ -29,6 +29,8 @@ from proxy.errors import GatewayError
 from proxy.exchange import Exchange, Receive, Scope, Send
 from proxy.gateway import handle_completion
 from proxy.selectors import key_summary, usage_page
+from proxy.tracing import configure as configure_tracing
+from proxy.tracing import request_trace
 from runtimes.request import CHAT, COMPLETIONS, EMBEDDINGS
 
 log = logging.getLogger("speedinfer.gateway")
@@ -123,6 +125,7 @@ async def gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
     if route is None and path.startswith(MODEL_PREFIX):
         route = (b"GET", model_retrieve)
         path = "/v1/models/{id}"  # the metrics' and log's endpoint label: one series for every model
+    ex.trace = request_trace(scope, path if route is not None else "other", ex.request_id)
     try:
         if route is None:
             raise GatewayError(404, "not_found", f"unknown URL: {scope['method']} {scope['path']}")
@@ -150,6 +153,7 @@ async def gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
         ex.outcome.endpoint = path if route is not None else "other"
         observe_request(ex.outcome)
         log_request(ex.outcome)
+        ex.trace.end(ex.outcome)
         if ex.outcome.status >= 400:
             _count_refusal(ex)
 
@@ -193,6 +197,7 @@ def _dependency(exc: Exception) -> str:
 
 def with_gateway(django_app: Any) -> ASGIApp:
     """HTTP requests under /v1/ go to the gateway, everything else to Django."""
+    configure_tracing()  # once per process, at start-up: on only with OTEL_EXPORTER_OTLP_ENDPOINT set
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["path"].startswith("/v1/"):

@@ -10,6 +10,11 @@ from proxy.exchange import Exchange
 
 async def authenticate(ex: Exchange, scope: str) -> KeyInfo:
     """The request's key with `scope`, or 401 invalid_api_key / 403 insufficient_scope."""
+    with ex.trace.step("authenticate"):
+        return await _authenticate(ex, scope)
+
+
+async def _authenticate(ex: Exchange, scope: str) -> KeyInfo:
     result = await api_key_authenticate_async(raw_key=ex.bearer())
     key = result.key
     if key is not None:

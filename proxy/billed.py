@@ -155,7 +155,8 @@ class BilledCall:
             "status": str(status),
             "outcome": _outcome_entry(outcome),
         }
-        await _close_or_queue("settle", self.reservation_id, close, entry)
+        with self.ex.trace.step("settle"):
+            await _close_or_queue("settle", self.reservation_id, close, entry)
         # Closed once the settle committed (or was queued until the database is back): a settle that
         # raised otherwise leaves the hold to release(), so nothing stays held.
         self.closed = self.settled = True
@@ -170,7 +171,8 @@ class BilledCall:
             return reservation_release_async(reservation_id=self.reservation_id, error_code=error_code, outcome=outcome)
 
         entry = {"what": "release", "error_code": error_code, "outcome": _outcome_entry(outcome)}
-        await _close_or_queue("release", self.reservation_id, close, entry)
+        with self.ex.trace.step("release"):
+            await _close_or_queue("release", self.reservation_id, close, entry)
 
     def retry_fingerprint(self) -> str:
         """The client request as its retries share it: the key and its Idempotency-Key, else the key and

@@ -12,6 +12,7 @@ import orjson
 
 from core.outcome import RequestOutcome
 from proxy.errors import GatewayError
+from proxy.tracing import NO_TRACE, NoTrace
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -38,6 +39,7 @@ class Exchange:
         "task",
         "outcome",
         "recording",
+        "trace",
     )
 
     def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -50,6 +52,7 @@ class Exchange:
         self.interruptible = False  # True while cancelling the task on disconnect is safe (no DB write running)
         self.task: asyncio.Task[Any] | None = None
         self.recording: list[bytes] | None = None  # the answer's body as sent, when an Idempotency-Key keeps it
+        self.trace: NoTrace = NO_TRACE  # proxy.tracing: the request's spans, when tracing is on
         request_id = b""
         authorization = b""
         for name, value in scope["headers"]:

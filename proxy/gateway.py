@@ -64,16 +64,21 @@ async def _serve(ex: Exchange, params: CompletionParams, key: KeyInfo, calls: li
     call = BilledCall.for_request(ex=ex, params=params, key=key, model=model)
     token_bound = call.token_bound
 
-    decision = await rate_limit_admit(key=key, tokens=token_bound)
-    ex.extra_headers = decision.headers(key)
-    if not decision.allowed:
-        raise GatewayError(429, "rate_limit_exceeded", "rate limit exceeded for this key; retry after the given time")
+    with ex.trace.step("rate_limit"):
+        decision = await rate_limit_admit(key=key, tokens=token_bound)
+        ex.extra_headers = decision.headers(key)
+        if not decision.allowed:
+            raise GatewayError(
+                429, "rate_limit_exceeded", "rate limit exceeded for this key; retry after the given time"
+            )
 
     calls.append(call)
     lease: asyncio.Task[None] | None = None
     try:
         call.clients = await select(params)
-        await call.reserve()
+        # A request queue for a saturated pool waits here, inside `with ex.trace.step("queue_wait"):`.
+        with ex.trace.step("reserve"):
+            await call.reserve()
         lease = asyncio.create_task(call.keep_lease())
         if params.stream:
             await stream(call)

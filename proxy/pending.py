@@ -34,6 +34,7 @@ import orjson
 from django.conf import settings
 
 from core import state
+from core.metrics import observe_queued_close
 from core.outages import DatabaseUnavailable
 
 log = logging.getLogger("speedinfer.gateway")
@@ -71,6 +72,7 @@ def pending_close(*, what: str, reservation_id: object, close: Close, entry: dic
     if queue is None:
         queue = _queues.set([])
     queue.append(_Pending(what, reservation_id, close, journalled))
+    observe_queued_close(1)
     log.warning("reservation %s: the database is unreachable; the %s is queued and retried", reservation_id, what)
     drain = _drains.get()
     if drain is None or drain.done():
@@ -92,6 +94,7 @@ async def _drain(queue: list[_Pending]) -> None:
             else:
                 log.info("reservation %s: the queued %s was written", item.reservation_id, item.what)
             queue.remove(item)
+            observe_queued_close(-1)
             if item.journalled:
                 _journal.append({"op": "done", "reservation_id": str(item.reservation_id)})
         if not queue:

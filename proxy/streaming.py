@@ -18,6 +18,7 @@ import orjson
 
 from proxy.billed import BilledCall
 from proxy.errors import GatewayError
+from proxy.tracing import NO_WORKER_SPAN, WorkerSpan
 from proxy.upstream import worker_failed
 from runtimes.errors import RuntimeUsageUnavailable, UpstreamError, UpstreamTimeout, WorkerError
 from runtimes.interface import DONE, WorkerClient, WorkerStream
@@ -31,6 +32,7 @@ async def stream(call: BilledCall) -> None:
     upstream: WorkerStream | None = None
     client: WorkerClient | None = None
     counted: str | None = None  # the worker whose in-flight count this stream holds
+    span = NO_WORKER_SPAN  # the trace's span of the current attempt
     loop = asyncio.get_running_loop()
     try:
         ex.interruptible = True
@@ -41,6 +43,10 @@ async def stream(call: BilledCall) -> None:
                 routing.release(counted)
             routing.acquire(worker.worker_id)
             counted = worker.worker_id
+            span = ex.trace.worker_call(
+                worker_id=worker.worker_id, endpoint=call.params.endpoint, model=call.params.model
+            )
+            call.params.traceparent = span.traceparent  # the worker's trace joins this attempt's span
             try:
                 deadline = loop.time() + client.total_timeout
                 upstream = await client.stream_open(
@@ -51,8 +57,10 @@ async def stream(call: BilledCall) -> None:
                 first = await _next_event(upstream, client, deadline)
                 if first is None:
                     raise RuntimeUsageUnavailable("the worker's stream ended without any event; nothing was charged")
+                span.first_byte()
                 break
             except WorkerError as error:
+                span.end(error.code)
                 if upstream is not None:
                     await upstream.aclose()
                     upstream = None
@@ -63,7 +71,7 @@ async def stream(call: BilledCall) -> None:
         assert upstream is not None and client is not None and first is not None
         ex.outcome.ttft = ex.outcome.elapsed()
         await ex.start_stream()
-        await _relay(call, client, first, upstream, deadline)
+        await _relay(call, client, first, upstream, deadline, span)
     except asyncio.CancelledError:
         if not ex.disconnected:
             raise
@@ -83,6 +91,7 @@ async def stream(call: BilledCall) -> None:
             routing.release(counted, latency=ex.outcome.ttft)
         if upstream is not None:
             await upstream.aclose()
+        span.end(ex.outcome.error_code)  # the stream's end (a failure mid-stream set the code)
         await call.release("internal_error")  # only if something above raised unexpectedly
 
 
@@ -100,7 +109,9 @@ async def _next_event(upstream: WorkerStream, client: WorkerClient, deadline: fl
         raise UpstreamTimeout(f"the worker {what}; nothing was charged") from None
 
 
-async def _relay(call: BilledCall, client: WorkerClient, first: bytes, upstream: WorkerStream, deadline: float) -> None:
+async def _relay(
+    call: BilledCall, client: WorkerClient, first: bytes, upstream: WorkerStream, deadline: float, span: WorkerSpan
+) -> None:
     """Forward each upstream event as it arrives; settle on the usage event's authority; end with [DONE]."""
     ex = call.ex
     public_model = call.params.model
@@ -132,9 +143,11 @@ async def _relay(call: BilledCall, client: WorkerClient, first: bytes, upstream:
                 await ex.send_chunk(b"data: " + orjson.dumps(chunk) + b"\n\n")
                 call.note_sent(choices)
             payload = await _next_event(upstream, client, deadline)
+        span.end()  # the worker's last event
         if call.usage is None:
             raise RuntimeUsageUnavailable("the worker's stream ended without usage; nothing was charged")
     except WorkerError as error:
+        span.end(error.code)
         ex.interruptible = False
         await upstream.aclose()
         try:

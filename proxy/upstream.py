@@ -55,22 +55,31 @@ async def forward_once(call: BilledCall, client: WorkerClient) -> Answer:
         # Refused by the interface (WorkerRejected) before the worker is counted as called.
         return await serve(params=params, max_tokens=max_tokens, request_id=request_id)
     worker_id = client.worker.worker_id
+    span = call.ex.trace.worker_call(worker_id=worker_id, endpoint=params.endpoint, model=params.model)
+    params.traceparent = span.traceparent  # the worker's trace joins this call's span
     routing.acquire(worker_id)
-    started, ok = time.perf_counter(), False
+    started, failure = time.perf_counter(), "internal_error"
     latency: float | None = None
     try:
         answer = await serve(params=params, max_tokens=max_tokens, request_id=request_id)
-        ok = True
+        span.first_byte()  # a non-streaming answer arrives whole
+        failure = ""
         return answer
     except asyncio.CancelledError:
+        failure = "client_disconnected"
         raise  # the client left: says nothing about the worker's speed
+    except WorkerError as error:
+        failure = error.code
+        latency = time.perf_counter() - started
+        raise
     except BaseException:
         latency = time.perf_counter() - started
         raise
     finally:
-        if ok:
+        if not failure:
             latency = time.perf_counter() - started
-        routing.release(worker_id, latency=latency, ok=ok)
+        routing.release(worker_id, latency=latency, ok=not failure)
+        span.end(failure)
 
 
 async def complete(call: BilledCall) -> None:

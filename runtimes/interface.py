@@ -9,6 +9,9 @@ raises `WorkerRejected` (400 invalid_request; nothing charged, the worker not co
     stream_open(params, max_tokens, request_id) -> WorkerStream                 stream: true
     embed(params, max_tokens, request_id) -> (OpenAI embeddings answer, Usage)  /v1/embeddings
 
+Every method sends `params.traceparent`, when set, as the worker request's W3C `traceparent` header (the
+gateway's span of that call, proxy.tracing), so a worker that traces joins the request's trace.
+
 Adding to it (the next issues):
 - a new endpoint (Responses API, rerank): a method here that raises `_lacks(...)` by default, a flag in
   `Capabilities` (default False), and an override in the transports that serve it;

@@ -82,6 +82,8 @@ def _upstream_request(
         # Settlement needs the final usage event whether or not the client asked for it.
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     headers = {"content-type": "application/json", "x-request-id": request_id, **auth_headers(worker)}
+    if params.traceparent:
+        headers["traceparent"] = params.traceparent
     path = "/chat/completions" if params.endpoint == CHAT else "/completions"
     return get_client().build_request(
         "POST",
@@ -146,6 +148,8 @@ async def openai_embed(
     body = dict(params.body)
     body["model"] = worker.upstream_model(params.model)
     headers = {"content-type": "application/json", "x-request-id": request_id, **auth_headers(worker)}
+    if params.traceparent:
+        headers["traceparent"] = params.traceparent
     request = get_client().build_request(
         "POST",
         worker.endpoint + "/embeddings",

@@ -26,6 +26,9 @@ class CompletionParams:
     texts: list[str]  # every piece of prompt text, for the prompt-token bound
     messages: list[dict[str, Any]]  # chat only
     prompt: str  # completions only
+    # The W3C traceparent the worker is sent (the gateway's worker-call span), "" for none. A transport
+    # puts it in its request's headers, so a worker that traces joins the request's trace.
+    traceparent: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,10 +79,15 @@ async def _request(
     http_timeout: httpx.Timeout,
     client: httpx.AsyncClient | None,
     json_body: Any = None,
+    headers: dict[str, str] | None = None,
 ) -> httpx.Response:
     client = client or get_client()
     with http_failures("the Triton worker"):
-        return await client.request(method, url, json=json_body, timeout=http_timeout)
+        return await client.request(method, url, json=json_body, timeout=http_timeout, headers=headers)
+
+
+def _trace_headers(params: CompletionParams) -> dict[str, str] | None:
+    return {"traceparent": params.traceparent} if params.traceparent else None
 
 
 async def _ready(url: str, *, http_timeout: httpx.Timeout, client: httpx.AsyncClient | None) -> tuple[bool, str]:
@@ -186,7 +191,7 @@ def infer_request(*, config: dict[str, Any], prompt: str, max_tokens: int) -> di
     }
 
 
-async def triton_infer(*, worker: WorkerTarget, prompt: str, max_tokens: int) -> TritonResult:
+async def triton_infer(*, worker: WorkerTarget, prompt: str, max_tokens: int, traceparent: str = "") -> TritonResult:
     """POST /v2/models/{model_name}/infer; the text and the worker's own token counts.
 
     Raises TritonInferenceFailed (Triton's message in .detail; server_fault only for 5xx),
@@ -194,9 +199,13 @@ async def triton_infer(*, worker: WorkerTarget, prompt: str, max_tokens: int) ->
     config = worker.runtime_config
     url = f"{worker.endpoint}/v2/models/{config['model_name']}/infer"
     body = infer_request(config=config, prompt=prompt, max_tokens=max_tokens)
+    # Triton started with --trace-config mode=opentelemetry continues the trace of a traceparent.
+    headers = {"traceparent": traceparent} if traceparent else None
     with http_failures("the Triton worker"):
         async with asyncio.timeout(worker_total_timeout(config)):
-            response = await _request("POST", url, http_timeout=worker_timeout(config), client=None, json_body=body)
+            response = await _request(
+                "POST", url, http_timeout=worker_timeout(config), client=None, json_body=body, headers=headers
+            )
     if response.status_code != 200:
         message = _error_text(response)
         # Asking a model for an output it lacks is a 400 "unexpected inference output 'NAME'" (seen on
@@ -260,7 +269,10 @@ async def triton_complete(
 ) -> tuple[dict[str, Any], Usage]:
     """Direct Triton (HTTP v2): render the prompt, infer, and answer in OpenAI's shape."""
     result = await triton_infer(
-        worker=worker, prompt=triton_prompt(params, worker.runtime_config), max_tokens=max_tokens
+        worker=worker,
+        prompt=triton_prompt(params, worker.runtime_config),
+        max_tokens=max_tokens,
+        traceparent=params.traceparent,
     )
     return completion_answer(params=params, result=result, max_tokens=max_tokens)
 
@@ -323,7 +335,9 @@ async def triton_embed(
     timeouts = worker.runtime_config
     with http_failures("the Triton worker"):
         async with asyncio.timeout(worker_total_timeout(timeouts)):
-            response = await get_client().post(url, json=body, timeout=worker_timeout(timeouts))
+            response = await get_client().post(
+                url, json=body, timeout=worker_timeout(timeouts), headers=_trace_headers(params)
+            )
     if response.status_code != 200:
         message = _error_text(response)
         if response.status_code == 400 and f"unexpected inference output '{count_name}'" in message:

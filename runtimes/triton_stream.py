@@ -56,7 +56,10 @@ async def triton_stream_open(
         "POST",
         f"{worker.endpoint}/v2/models/{config['model_name']}/generate_stream",
         content=orjson.dumps(body),
-        headers={"content-type": "application/json"},
+        headers={
+            "content-type": "application/json",
+            **({"traceparent": params.traceparent} if params.traceparent else {}),
+        },
         timeout=worker_timeout(config),
     )
     with http_failures("the Triton worker"):

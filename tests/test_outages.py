@@ -202,6 +202,9 @@ def test_settle_lost_to_a_cut_is_written_when_the_database_returns(world, pg, ga
     assert response.status_code == 200, response.text
     usage = response.json()["usage"]
     assert Reservation.objects.filter(status="held").count() == 1
+    # The alert rule's gauge (docs/prometheus/alerts.yml, SpeedInferSettleQueued) is served while the database is cut.
+    scraped = httpx.get(gateway.url + "/metrics", timeout=10)
+    assert scraped.status_code == 200 and "\nspeedinfer_settles_queued 1.0\n" in scraped.text, scraped.text[-500:]
 
     pg.start()
     restored = time.monotonic()
@@ -209,6 +212,7 @@ def test_settle_lost_to_a_cut_is_written_when_the_database_returns(world, pg, ga
         assert time.monotonic() - restored < 5, "the queued settle was not written"
         time.sleep(0.1)
     print(f"queued settle written {time.monotonic() - restored:.2f} s after the database returned")
+    assert "\nspeedinfer_settles_queued 0.0\n" in httpx.get(gateway.url + "/metrics", timeout=10).text
     reservation = Reservation.objects.get()
     assert reservation.status == "settled"
     record = UsageRecord.objects.get(reservation=reservation)
