@@ -24,7 +24,7 @@ from proxy.errors import GatewayError
 from proxy.exchange import Exchange, Receive, Scope, Send
 from proxy.gateway import handle_completion
 from proxy.selectors import key_summary, usage_page
-from runtimes.request import CHAT, COMPLETIONS, EMBEDDINGS
+from runtimes.request import CHAT, COMPLETIONS, EMBEDDINGS, RERANK, RESPONSES
 
 log = logging.getLogger("speedinfer.gateway")
 
@@ -46,6 +46,14 @@ async def completions(ex: Exchange) -> None:
 
 async def embeddings(ex: Exchange) -> None:
     await handle_completion(ex, EMBEDDINGS)
+
+
+async def responses(ex: Exchange) -> None:
+    await handle_completion(ex, RESPONSES)
+
+
+async def rerank(ex: Exchange) -> None:
+    await handle_completion(ex, RERANK)
 
 
 def model_object(model: PublicModel) -> dict[str, object]:
@@ -104,6 +112,8 @@ ROUTES: dict[str, tuple[bytes, Handler]] = {
     "/v1/chat/completions": (b"POST", chat_completions),
     "/v1/completions": (b"POST", completions),
     "/v1/embeddings": (b"POST", embeddings),
+    "/v1/responses": (b"POST", responses),
+    "/v1/rerank": (b"POST", rerank),
     "/v1/models": (b"GET", models_list),
     "/v1/key": (b"GET", key_show),
     "/v1/usage": (b"GET", usage_list),
