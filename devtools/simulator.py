@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     simulator = Simulator(
-        models=tuple(args.model or ["acme/model-1", "acme/embed-1"]),
+        models=tuple(args.model or ["acme/model-1", "acme/embed-1", "acme/rerank-1"]),
         behaviour=Behaviour(latency_ms=args.latency_ms, deltas=args.deltas, delay_ms=args.delay_ms),
         api_key=args.api_key,
         max_concurrency=args.max_concurrency,

@@ -9,6 +9,7 @@ hops for a completion, none for authentication on a warm key).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -65,6 +66,7 @@ def model_object(model: PublicModel) -> dict[str, object]:
         "owned_by": "speedinfer",
         "pricing": {"input": format_credits(model.input_price), "output": format_credits(model.output_price)},
         "max_output_tokens": model.max_output_tokens,
+        "kind": model.kind,
     }
 
 
@@ -164,11 +166,21 @@ def _dependency(exc: Exception) -> str:
     return "redis" if isinstance(exc, RedisUnavailable) else "database"
 
 
+# Paths a client of an OpenAI-compatible server (or of vLLM's own root routes) may try: they answer the
+# gateway's JSON 404 (an OpenAI error body), never the site's HTML page.
+_API_LOOKING = re.compile(
+    r"^/(v\d+(/|$)|(tokenize|detokenize|rerank|score|classify|pooling|embeddings|completions|responses|models|"
+    r"moderations|chat|audio|images|files|batches|invocations)(/|$))"
+)
+
+
 def with_gateway(django_app: Any) -> ASGIApp:
-    """HTTP requests under /v1/ go to the gateway, everything else to Django."""
+    """HTTP requests under /v1 (and API-looking paths, answered with a JSON 404) go to the gateway,
+    everything else to Django."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["path"].startswith("/v1/"):
+        path = scope["path"]
+        if path.startswith("/v1/") or path == "/v1" or _API_LOOKING.match(path):
             await gateway_app(scope, receive, send)
         else:
             await django_app(scope, receive, send)

@@ -44,18 +44,10 @@ from proxy.exchange import Exchange
 from proxy.pending import pending_close
 from proxy.services import request_reserve
 from runtimes.interface import WorkerClient
-from runtimes.request import EMBEDDINGS, RERANK, RESPONSES, CompletionParams, Usage
+from runtimes.request import EMBEDDINGS, ENDPOINT_PATHS, RERANK, CompletionParams, Usage
 from runtimes.target import WorkerTarget
 
 log = logging.getLogger("speedinfer.gateway")
-
-_ENDPOINT_PATHS = {
-    "chat": "/v1/chat/completions",
-    "completions": "/v1/completions",
-    EMBEDDINGS: "/v1/embeddings",
-    RESPONSES: "/v1/responses",
-    RERANK: "/v1/rerank",
-}
 
 
 @dataclass
@@ -94,7 +86,7 @@ class BilledCall:
     def _outcome(self) -> RequestOutcome:
         outcome = self.ex.outcome
         outcome.worker_id = self.worker.worker_id if self.worker else ""
-        outcome.endpoint = _ENDPOINT_PATHS[self.params.endpoint]
+        outcome.endpoint = ENDPOINT_PATHS[self.params.endpoint]
         return outcome
 
     async def reserve(self) -> None:

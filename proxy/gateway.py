@@ -33,8 +33,9 @@ from proxy.ratelimit import rate_limit_admit, rate_limit_refund
 from proxy.responses import parse_rerank, parse_responses
 from proxy.streaming import stream
 from proxy.upstream import complete, select
-from runtimes.request import EMBEDDINGS, RERANK, RESPONSES, CompletionParams
+from runtimes.request import EMBEDDINGS, ENDPOINT_PATHS, RERANK, RESPONSES, CompletionParams
 
+CLAMPED_HEADER = b"x-speedinfer-max-tokens-clamped"
 _PARSERS = {EMBEDDINGS: parse_embeddings, RESPONSES: parse_responses, RERANK: parse_rerank}
 # The scope names match the endpoints (chat, completions, embeddings) but for these two.
 _SCOPES = {RESPONSES: "chat", RERANK: "embeddings"}
@@ -68,11 +69,21 @@ async def _serve(ex: Exchange, params: CompletionParams, key: KeyInfo, calls: li
         raise GatewayError(404, "model_not_found", f"the model '{params.model}' does not exist", param="model")
     if key.allowed_models and params.model not in key.allowed_models:
         raise GatewayError(403, "model_not_allowed", f"this key may not use the model '{params.model}'", param="model")
+    if not model.serves(params.endpoint):
+        raise GatewayError(
+            400,
+            "invalid_request",
+            f"the model '{params.model}' is a {model.kind} model: it does not serve {ENDPOINT_PATHS[params.endpoint]}",
+            param="model",
+        )
     call = BilledCall.for_request(ex=ex, params=params, key=key, model=model)
     token_bound = call.token_bound
 
     decision = await rate_limit_admit(key=key, tokens=token_bound)
     ex.extra_headers = decision.headers(key)
+    if params.max_tokens is not None and params.max_tokens > call.max_tokens and call.max_tokens:
+        # A limit above the model's cap is clamped, and the answer says so (docs/api.md, Request path).
+        ex.extra_headers.append((CLAMPED_HEADER, str(call.max_tokens).encode()))
     if not decision.allowed:
         raise GatewayError(429, "rate_limit_exceeded", "rate limit exceeded for this key; retry after the given time")
 

@@ -10,6 +10,13 @@ COMPLETIONS = "completions"
 EMBEDDINGS = "embeddings"
 RESPONSES = "responses"  # body: the Responses request (runtimes.responses translates it for chat workers)
 RERANK = "rerank"  # texts: the query, then the documents
+ENDPOINT_PATHS = {
+    CHAT: "/v1/chat/completions",
+    COMPLETIONS: "/v1/completions",
+    EMBEDDINGS: "/v1/embeddings",
+    RESPONSES: "/v1/responses",
+    RERANK: "/v1/rerank",
+}
 
 # A count outside 0..MAX_TOKEN_COUNT is not authoritative usage (a worker's bug, or an overflow such
 # as 2^31): the request ends in runtime_usage_unavailable and nothing is charged. The ledger
