@@ -4,6 +4,7 @@ Responses API itself (forwarded), and the real tritonserver (translated); money 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -308,3 +309,39 @@ def test_responses_on_the_real_tritonserver_are_translated(gateway_server, trito
     with pytest.raises(openai.BadRequestError) as refused:
         ai.responses.create(model="acme/tri", input="hi", tools=[TOOL])  # type: ignore[list-item]
     assert refused.value.body["param"] == "tools"  # type: ignore[index]
+
+
+def test_a_client_leaving_a_responses_stream_pays_for_the_deltas_it_was_sent(world, simulator):
+    payload = {"model": "acme/model-1", "stream": True, "input": "long story [sim deltas=40 delay=150]"}
+    seen = 0
+    with httpx.stream(
+        "POST", world["url"] + "/v1/responses", json=payload, headers={"Authorization": f"Bearer {world['secret']}"}
+    ) as response:
+        for line in response.iter_lines():
+            if line == "event: response.output_text.delta":
+                seen += 1
+                if seen == 2:
+                    break
+    deadline = time.monotonic() + 10
+    while not UsageRecord.objects.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    record = UsageRecord.objects.get()
+    assert record.status == "client_disconnected"
+    assert 2 <= record.completion_tokens <= 4  # what was sent before the gateway noticed, not the 40 asked for
+    assert record.prompt_tokens == -(-len(b"long story [sim deltas=40 delay=150]") // 4)
+    assert money(world["account"]) == (10 * MICRO - record.cost, 0)
+
+
+def test_an_idempotency_key_replays_a_response_without_a_second_charge(world):
+    ai = world["ai"]
+    headers = {"Idempotency-Key": "resp-once-1"}
+    first = ai.responses.with_raw_response.create(
+        model="acme/model-1", input="once [sim deltas=3]", extra_headers=headers
+    )
+    again = ai.responses.with_raw_response.create(
+        model="acme/model-1", input="once [sim deltas=3]", extra_headers=headers
+    )
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.parse().id == first.parse().id
+    assert UsageRecord.objects.count() == 1
+    assert money(world["account"]) == (10 * MICRO - UsageRecord.objects.get().cost, 0)
