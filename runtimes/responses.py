@@ -12,7 +12,7 @@ answered with a feature silently dropped. The shapes follow the openai SDK's `op
 (the tests validate every output with them) and the event order its `client.responses.stream()` helper
 accepts: created, in_progress, then per output item added -> (content_part.added -> output_text.delta...
 -> output_text.done -> content_part.done | function_call_arguments.delta... -> .done) -> output_item.done,
-then completed (or incomplete, when the token limit cut the answer) with usage.
+then response.completed with usage (its status "incomplete" when the token limit cut the answer).
 """
 
 from __future__ import annotations
@@ -375,7 +375,7 @@ class ResponseEvents:
     """Chat completion chunks in, Responses stream events out (each a dict with its sequence_number).
 
     `start()` first, `feed(chunk)` per chunk, `finish()` once the chat stream ended (its usage chunk
-    seen): that closes the open items and ends with response.completed (or .incomplete) with usage."""
+    seen): that closes the open items and ends with response.completed with usage."""
 
     def __init__(self, *, body: dict[str, Any], model: str) -> None:
         self.body = body
@@ -525,10 +525,12 @@ class ResponseEvents:
         return events
 
     def finish(self) -> list[dict[str, Any]]:
-        """Close the open items and end with response.completed (or .incomplete) carrying usage."""
+        """Close the open items and end with response.completed carrying usage."""
         events = self._close_message() + self._close_calls()
         assert self.usage is not None, "finish() needs the chat stream's usage"
         status = "incomplete" if self.finish_reason == "length" else "completed"
         usage = responses_usage(self.usage, self.usage_details)
-        events.append(self._event(f"response.{status}", response=self._response(status, usage)))
+        # Always response.completed, its response's status saying "incomplete" when the limit cut it (as vLLM
+        # does): the SDK's stream helper (get_final_response) accepts no other final event.
+        events.append(self._event("response.completed", response=self._response(status, usage)))
         return events

@@ -345,3 +345,32 @@ def test_an_idempotency_key_replays_a_response_without_a_second_charge(world):
     assert again.parse().id == first.parse().id
     assert UsageRecord.objects.count() == 1
     assert money(world["account"]) == (10 * MICRO - UsageRecord.objects.get().cost, 0)
+
+
+@pytest.mark.triton
+def test_a_responses_stream_on_a_streaming_tritonserver_model_is_translated(gateway_server, triton_server):
+    from tests.test_triton_streaming import NAMES as STREAM_NAMES
+    from tests.test_triton_streaming import WORDS
+
+    account = make_account(name="triton-streamer", credits=10)
+    make_model(model_id="acme/tri-stream", max_output_tokens=32)
+    register_worker(
+        triton_server.url,
+        worker_id="triton-stream",
+        runtime="triton",
+        models=("acme/tri-stream",),
+        model_name="text_stream",
+        **STREAM_NAMES,
+    )
+    ai = openai.OpenAI(base_url=gateway_server.url + "/v1", api_key=make_key(account=account).secret, max_retries=0)
+    with ai.responses.stream(model="acme/tri-stream", input=WORDS, max_output_tokens=6) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    # The model echoes the rendered prompt "user: one two ...", one word per event, as the chat stream does.
+    assert "".join(deltas) == final.output_text == "user: one two three four five"
+    assert len(deltas) == 6
+    assert final.status == "incomplete" and final.model == "acme/tri-stream"
+    assert final.usage is not None and (final.usage.input_tokens, final.usage.output_tokens) == (10, 6)
+    record = UsageRecord.objects.get()
+    assert (record.endpoint, record.prompt_tokens, record.completion_tokens) == ("/v1/responses", 10, 6)
+    assert money(account) == (10 * MICRO - record.cost, 0)

@@ -289,11 +289,14 @@ def test_streamed_tool_calls_are_function_call_argument_events() -> None:
     assert calls == [("call_a", '{"location":"Paris"}'), ("call_b", "{}")]
 
 
-def test_a_stream_cut_by_the_token_limit_ends_incomplete() -> None:
+def test_a_stream_cut_by_the_token_limit_completes_with_an_incomplete_response() -> None:
     events = ResponseEvents(body={"model": "m", "input": "hi"}, model="m")
-    events.start()
-    events.feed(_chunk({"content": "a"}, "length"))
-    events.feed(_chunk(usage={"prompt_tokens": 1, "completion_tokens": 1}))
-    last = events.finish()[-1]
-    assert last["type"] == "response.incomplete"
-    assert Response.model_validate(last["response"]).status == "incomplete"
+    out = events.start()
+    out += events.feed(_chunk({"content": "a"}, "length"))
+    out += events.feed(_chunk(usage={"prompt_tokens": 1, "completion_tokens": 1}))
+    out += events.finish()
+    # response.completed (what the SDK's get_final_response needs), its response saying why it stopped.
+    assert out[-1]["type"] == "response.completed"
+    final = _through_the_sdk(out)
+    assert final.status == "incomplete"
+    assert final.incomplete_details is not None and final.incomplete_details.reason == "max_output_tokens"
