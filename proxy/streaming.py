@@ -179,6 +179,7 @@ async def _relay_events(
     after response.completed), the usage of its final event settling it; otherwise as _relay."""
     ex = call.ex
     payload: bytes | None = first
+    sequence = -1  # the last event's sequence_number: an error event follows it
     try:
         while payload is not None and payload != DONE:
             try:
@@ -190,6 +191,8 @@ async def _relay_events(
             if not isinstance(event, dict) or "error" in event or event.get("type") == "error":
                 raise UpstreamError("the worker reported an error mid-stream", detail=payload[:500].decode())
             kind = str(event.get("type", ""))
+            if type(event.get("sequence_number")) is int:
+                sequence = event["sequence_number"]
             response = event.get("response")
             if isinstance(response, dict):
                 response["model"] = call.params.model
@@ -211,7 +214,13 @@ async def _relay_events(
         except GatewayError as failure:
             ex.outcome.status, ex.outcome.error_code = failure.status, failure.code
             # The Responses API's error event (the SDK raises it as an APIError).
-            error_event = {"type": "error", "code": failure.code, "message": failure.message, "param": failure.param}
+            error_event = {
+                "type": "error",
+                "code": failure.code,
+                "message": failure.message,
+                "param": failure.param,
+                "sequence_number": sequence + 1,
+            }
             await ex.end_stream(b"event: error\ndata: " + orjson.dumps(error_event) + b"\n\n")
         return
     ex.interruptible = False

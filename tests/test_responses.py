@@ -374,3 +374,16 @@ def test_a_responses_stream_on_a_streaming_tritonserver_model_is_translated(gate
     record = UsageRecord.objects.get()
     assert (record.endpoint, record.prompt_tokens, record.completion_tokens) == ("/v1/responses", 10, 6)
     assert money(account) == (10 * MICRO - record.cost, 0)
+
+
+def test_a_worker_failing_mid_stream_ends_it_with_an_error_event_and_charges_nothing(world):
+    payload = {"model": "acme/model-1", "stream": True, "input": "fail [sim deltas=10 cut=3]"}
+    with httpx.stream(
+        "POST", world["url"] + "/v1/responses", json=payload, headers={"Authorization": f"Bearer {world['secret']}"}
+    ) as response:
+        lines = [line for line in response.iter_lines() if line]
+    kinds = [line[7:] for line in lines if line.startswith("event: ")]
+    assert kinds[0] == "response.created" and kinds[-1] == "error" and "response.completed" not in kinds
+    error = orjson.loads(lines[-1][6:])
+    assert error["code"] == "upstream_error" and error["sequence_number"] == len(kinds) - 1
+    assert money(world["account"]) == (10 * MICRO, 0)
