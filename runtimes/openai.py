@@ -122,11 +122,8 @@ async def openai_complete(
     return data, usage
 
 
-async def openai_stream_open(
-    *, worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
-) -> httpx.Response:
-    """Start a streaming call; the caller must close the response (that stops the worker generating)."""
-    request = _upstream_request(worker, params, max_tokens, request_id)
+async def _open_stream(worker: WorkerTarget, request: httpx.Request) -> httpx.Response:
+    """Send a streaming request; the open response, or the worker's refusal as a WorkerError."""
     with http_failures():
         response = await get_client().send(request, stream=True)
     if response.status_code != 200:
@@ -138,6 +135,13 @@ async def openai_stream_open(
             await response.aclose()
         raise rejected(worker, response.status_code, detail)
     return response
+
+
+async def openai_stream_open(
+    *, worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
+) -> httpx.Response:
+    """Start a streaming call; the caller must close the response (that stops the worker generating)."""
+    return await _open_stream(worker, _upstream_request(worker, params, max_tokens, request_id))
 
 
 async def openai_embed(
@@ -210,20 +214,6 @@ async def openai_rerank(
         raise RuntimeUsageUnavailable("the worker's rerank answer has no usage or results; nothing was charged")
     data["model"] = params.model
     return data, Usage(tokens, 0)
-
-
-async def _open_stream(worker: WorkerTarget, request: httpx.Request) -> httpx.Response:
-    with http_failures():
-        response = await get_client().send(request, stream=True)
-    if response.status_code != 200:
-        try:
-            detail = (await response.aread()).decode(errors="replace")
-        except httpx.HTTPError:
-            detail = ""
-        finally:
-            await response.aclose()
-        raise rejected(worker, response.status_code, detail)
-    return response
 
 
 class OpenAIClient(WorkerClient):
