@@ -309,6 +309,14 @@ def test_responses_on_the_real_tritonserver_are_translated(gateway_server, trito
     with pytest.raises(openai.BadRequestError) as refused:
         ai.responses.create(model="acme/tri", input="hi", tools=[TOOL])  # type: ignore[list-item]
     assert refused.value.body["param"] == "tools"  # type: ignore[index]
+    # Triton workers do not rerank: refused as the client's mistake, the worker not counted as failing.
+    ranked = httpx.post(
+        gateway_server.url + "/v1/rerank",
+        json={"model": "acme/tri", "query": "q", "documents": ["d"]},
+        headers={"Authorization": f"Bearer {ai.api_key}"},
+    )
+    assert ranked.status_code == 400 and "rerank" in ranked.json()["error"]["message"]
+    assert money(account) == (10 * MICRO - record.cost, 0)
 
 
 def test_a_client_leaving_a_responses_stream_pays_for_the_deltas_it_was_sent(world, simulator):
