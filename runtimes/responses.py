@@ -322,6 +322,17 @@ def _message_item(item_id: str, text: str, status: str = "completed") -> dict[st
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
+def _reasoning_of(message: dict[str, Any]) -> str:
+    """A chat message's (or delta's) reasoning text: vLLM's `reasoning_content`, or `reasoning`."""
+    value = message.get("reasoning_content") or message.get("reasoning")
+    return value if isinstance(value, str) else ""
+
+
+def _reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+
+
 def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
     return {
         "type": "function_call",
@@ -339,6 +350,9 @@ def response_from_chat(*, answer: dict[str, Any], usage: Usage, body: dict[str, 
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     message = _object(choice.get("message"))
     output: list[dict[str, Any]] = []
+    reasoning = _reasoning_of(message)
+    if reasoning:
+        output.append(_reasoning_item(new_id("rs"), reasoning))
     if message.get("content"):
         output.append(_message_item(new_id("msg"), str(message["content"])))
     for call in message.get("tool_calls") or []:
@@ -388,6 +402,7 @@ class ResponseEvents:
         self.finish_reason: str | None = None
         self.done: list[dict[str, Any]] = []  # finished output items, in output_index order
         self.message: _OpenItem | None = None
+        self.reasoning: _OpenItem | None = None
         self.calls: dict[int, _OpenItem] = {}  # chat's tool-call index -> its open item
         self.next_index = 0
 
@@ -413,6 +428,20 @@ class ResponseEvents:
         return [
             self._event("response.created", response=response),
             self._event("response.in_progress", response=response),
+        ]
+
+    def _close_reasoning(self) -> list[dict[str, Any]]:
+        open_item, self.reasoning = self.reasoning, None
+        if open_item is None:
+            return []
+        text, item_id, index = "".join(open_item.text), open_item.item["id"], open_item.index
+        item = _reasoning_item(item_id, text)
+        self.done.append(item)
+        return [
+            self._event(
+                "response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0, text=text
+            ),
+            self._event("response.output_item.done", output_index=index, item=item),
         ]
 
     def _close_message(self) -> list[dict[str, Any]]:
@@ -468,10 +497,30 @@ class ResponseEvents:
             self.finish_reason = choice["finish_reason"]
         delta = _object(choice.get("delta"))
         events: list[dict[str, Any]] = []
+        reasoning = _reasoning_of(delta)
+        if reasoning:
+            if self.reasoning is None:
+                events += self._close_message() + self._close_calls()
+                self.reasoning = self._open(_reasoning_item(new_id("rs"), "", status="in_progress"))
+                events.append(
+                    self._event(
+                        "response.output_item.added", output_index=self.reasoning.index, item=self.reasoning.item
+                    )
+                )
+            self.reasoning.text.append(reasoning)
+            events.append(
+                self._event(
+                    "response.reasoning_text.delta",
+                    item_id=self.reasoning.item["id"],
+                    output_index=self.reasoning.index,
+                    content_index=0,
+                    delta=reasoning,
+                )
+            )
         content = delta.get("content")
         if isinstance(content, str) and content:
             if self.message is None:
-                events += self._close_calls()
+                events += self._close_reasoning() + self._close_calls()
                 self.message = self._open(_message_item(new_id("msg"), "", status="in_progress"))
                 index, item_id = self.message.index, self.message.item["id"]
                 events.append(self._event("response.output_item.added", output_index=index, item=self.message.item))
@@ -499,7 +548,7 @@ class ResponseEvents:
             function = _object(call.get("function"))
             open_item = self.calls.get(position)
             if open_item is None:
-                events += self._close_message()
+                events += self._close_reasoning() + self._close_message()
                 # A new call after another: the earlier one is complete (chat streams calls one by one).
                 events += self._close_calls()
                 item = _call_item(
@@ -526,7 +575,7 @@ class ResponseEvents:
 
     def finish(self) -> list[dict[str, Any]]:
         """Close the open items and end with response.completed carrying usage."""
-        events = self._close_message() + self._close_calls()
+        events = self._close_reasoning() + self._close_message() + self._close_calls()
         assert self.usage is not None, "finish() needs the chat stream's usage"
         status = "incomplete" if self.finish_reason == "length" else "completed"
         usage = responses_usage(self.usage, self.usage_details)

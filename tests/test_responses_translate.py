@@ -300,3 +300,29 @@ def test_a_stream_cut_by_the_token_limit_completes_with_an_incomplete_response()
     final = _through_the_sdk(out)
     assert final.status == "incomplete"
     assert final.incomplete_details is not None and final.incomplete_details.reason == "max_output_tokens"
+
+
+def test_reasoning_comes_back_as_a_reasoning_item() -> None:
+    answer = _chat_answer({"reasoning_content": "Think first.", "content": "Done."})
+    response = Response.model_validate(response_from_chat(answer=answer, usage=Usage(1, 2), body={}, model="m"))
+    kinds = [item.type for item in response.output]
+    assert kinds == ["reasoning", "message"] and response.output_text == "Done."
+    reasoning = response.output[0]
+    assert reasoning.type == "reasoning" and reasoning.content is not None
+    assert reasoning.content[0].text == "Think first."
+
+
+def test_streamed_reasoning_is_reasoning_text_events_before_the_message() -> None:
+    events = ResponseEvents(body={"model": "m", "input": "hi"}, model="m")
+    out = events.start()
+    out += events.feed(_chunk({"role": "assistant", "reasoning_content": "Hmm"}))
+    out += events.feed(_chunk({"reasoning": ", yes."}))
+    out += events.feed(_chunk({"content": "Yes."}, "stop"))
+    out += events.feed(_chunk(usage={"prompt_tokens": 2, "completion_tokens": 3}))
+    out += events.finish()
+    kinds = [e["type"] for e in out]
+    assert kinds.count("response.reasoning_text.delta") == 2
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    final = _through_the_sdk(out)
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert final.output_text == "Yes."
