@@ -6,6 +6,23 @@ from django.db import models
 from django.utils import timezone
 
 
+class ModelKind(models.TextChoices):
+    """Which endpoints a model serves: `any` (the default) every one its workers can."""
+
+    ANY = "any"
+    CHAT = "chat"  # chat completions, completions, responses
+    EMBEDDINGS = "embeddings"
+    RERANK = "rerank"
+
+
+# The gateway's endpoint names (runtimes.request) each kind serves.
+KIND_ENDPOINTS = {
+    ModelKind.CHAT: frozenset({"chat", "completions", "responses"}),
+    ModelKind.EMBEDDINGS: frozenset({"embeddings"}),
+    ModelKind.RERANK: frozenset({"rerank"}),
+}
+
+
 class PublicModel(models.Model):
     """A public model id customers ask for, with its prices.
 
@@ -18,6 +35,7 @@ class PublicModel(models.Model):
     input_price = models.BigIntegerField(help_text="micro-credits per 1,000,000 prompt tokens")
     output_price = models.BigIntegerField(help_text="micro-credits per 1,000,000 completion tokens")
     max_output_tokens = models.PositiveIntegerField(default=4096)
+    kind = models.CharField(max_length=16, choices=ModelKind.choices, default=ModelKind.ANY)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
@@ -34,3 +52,8 @@ class PublicModel(models.Model):
 
     def __str__(self) -> str:
         return self.model_id
+
+    def serves(self, endpoint: str) -> bool:
+        """Whether this model's kind serves the gateway endpoint `endpoint` (chat, embeddings, ...)."""
+        allowed = KIND_ENDPOINTS.get(ModelKind(self.kind))
+        return allowed is None or endpoint in allowed

@@ -17,6 +17,7 @@ def model_register(
     input_price: int,
     output_price: int,
     max_output_tokens: int | None = None,
+    kind: str | None = None,
     actor: object = "",
     via: str = "",
 ) -> tuple[PublicModel, bool]:
@@ -38,6 +39,8 @@ def model_register(
         model.output_price = output_price
         if max_output_tokens is not None:
             model.max_output_tokens = max_output_tokens
+        if kind is not None:
+            model.kind = kind
         model.full_clean()
         model.save()
         if actor:
@@ -45,6 +48,7 @@ def model_register(
                 "input_price": format_credits(input_price),
                 "output_price": format_credits(output_price),
                 "max_output_tokens": model.max_output_tokens,
+                "kind": model.kind,
             }
             if not created:
                 detail["previous_input_price"] = format_credits(previous[0])

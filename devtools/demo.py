@@ -22,6 +22,7 @@ from workers.services import worker_register
 
 DEMO_MODEL = "acme/model-1"
 DEMO_EMBED_MODEL = "acme/embed-1"
+DEMO_RERANK_MODEL = "acme/rerank-1"
 DEMO_WORKER_ID = "demo-cuda-simulator"
 DEMO_TRITON_MODEL = "acme/triton-demo"
 DEMO_TRITON_WORKER_ID = "demo-triton"
@@ -39,14 +40,19 @@ def triton_port() -> int:
 
 def seed_workers() -> None:
     """Register demo workers pointing at the bundled worker simulator (idempotent)."""
-    model_register(model_id=DEMO_EMBED_MODEL, input_price=MICRO // 10, output_price=0, max_output_tokens=1)
+    model_register(
+        model_id=DEMO_EMBED_MODEL, input_price=MICRO // 10, output_price=0, max_output_tokens=1, kind="embeddings"
+    )
+    model_register(
+        model_id=DEMO_RERANK_MODEL, input_price=MICRO // 10, output_price=0, max_output_tokens=1, kind="rerank"
+    )
     worker_register(
         data={
             "worker_id": DEMO_WORKER_ID,
             "worker_type": "nvidia-gpu",
             "runtime": "cuda",
             "runtime_endpoint": f"http://127.0.0.1:{simulator_port()}/v1",
-            "supported_models": [DEMO_MODEL, DEMO_EMBED_MODEL],
+            "supported_models": [DEMO_MODEL, DEMO_EMBED_MODEL, DEMO_RERANK_MODEL],
             "runtime_config": {"transport": "openai"},
             "runtime_metadata": {"cuda_version": "simulated"},
             "gpu_metadata": {"product": "SpeedInfer worker simulator"},

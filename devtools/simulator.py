@@ -3,9 +3,12 @@
     python -m devtools.simulator --port 8100 [--latency-ms 20] [--deltas 16] [--delay-ms 0] [--model acme/model-1]
                                  [--max-concurrency 4]
 
-It serves GET /v1/models, POST /v1/chat/completions, POST /v1/completions and POST /v1/embeddings,
-streaming and not, with `usage` (prompt tokens counted as whitespace-separated
-words, one completion token per delta) and `stream_options.include_usage`.
+It serves GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings and
+POST /v1/rerank (vLLM's shape), streaming and not, with `usage` (prompt tokens counted as
+whitespace-separated words, one completion token per delta) and `stream_options.include_usage`.
+A chat request with `tools` and `tool_choice` "required" (or naming a function) is answered with one
+call of that function (the first tool for "required"), its arguments `{"text": "<the words>"}`.
+It does not serve the Responses API: the gateway translates it to chat completions.
 
 A GPU serves a bounded batch: with `--max-concurrency N` at most N requests run
 at once and the rest wait in a queue (their latency then grows with load, as on
@@ -144,6 +147,7 @@ class Simulator:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/rerank", self.rerank)
         app.router.add_get("/metrics", self.metrics)
         return app
 
@@ -232,6 +236,28 @@ class Simulator:
             answer["usage"] = {"prompt_tokens": tokens, "total_tokens": tokens}
         return _json(200, answer)
 
+    async def rerank(self, request: web.Request) -> web.Response:
+        """vLLM's /rerank: each document's share of the query's words, best first."""
+        body = await self._accepted(request)
+        if isinstance(body, web.Response):
+            return body
+        query, documents = str(body.get("query", "")), [str(d) for d in body.get("documents") or []]
+        how = _behaviour(self.behaviour, [query, *documents])
+        if how.status != 200:
+            return _error(how.status, f"simulated failure {how.status}")
+        words = set(query.lower().split())
+        scores = [len(words & set(d.lower().split())) / (len(words) or 1) for d in documents]
+        ranked = sorted(range(len(documents)), key=lambda i: (-scores[i], i))[: body.get("top_n") or len(documents)]
+        tokens = sum(len(t.split()) for t in [query, *documents])
+        answer: dict[str, Any] = {
+            "id": "rerank-" + uuid.uuid4().hex[:24],
+            "model": str(body.get("model", "")),
+            "results": [{"index": i, "document": {"text": documents[i]}, "relevance_score": scores[i]} for i in ranked],
+        }
+        if not how.omit_usage:
+            answer["usage"] = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return _json(200, answer)
+
     async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         if not self.max_concurrency:
             return await self._answer(request, chat=chat)
@@ -282,9 +308,21 @@ class Simulator:
         finish = "length" if limit and count >= int(limit) else "stop"
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         model = str(body.get("model", ""))
+        tool = _tool_called(body) if chat else None
+        if tool is not None:
+            finish = "tool_calls"
         if body.get("stream"):
-            return await self._stream(request, body, how, chat, ident, model, pieces, usage, finish)
+            return await self._stream(request, body, how, chat, ident, model, pieces, usage, finish, tool)
         if chat:
+            message: dict[str, Any] = {"role": "assistant", "content": "".join(pieces)}
+            if tool is not None:
+                arguments = orjson.dumps({"text": "".join(pieces)}).decode()
+                call = {
+                    "id": "call_" + ident[9:],
+                    "type": "function",
+                    "function": {"name": tool, "arguments": arguments},
+                }
+                message = {"role": "assistant", "content": None, "tool_calls": [call]}
             answer: dict[str, Any] = {
                 "id": ident,
                 "object": "chat.completion",
@@ -293,7 +331,7 @@ class Simulator:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": "".join(pieces)},
+                        "message": message,
                         "logprobs": None,
                         "finish_reason": finish,
                     }
@@ -322,6 +360,7 @@ class Simulator:
         pieces: list[str],
         usage: dict[str, Any],
         finish: str,
+        tool: str | None = None,
     ) -> web.StreamResponse:
         options = body.get("stream_options") or {}
         include_usage = bool(options.get("include_usage")) and not how.omit_usage
@@ -341,6 +380,9 @@ class Simulator:
             delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {}
             if text and not role:
                 delta["content"] = text
+            if tool is not None and text:
+                # A call's arguments stream in pieces: the JSON's opening, each word (escaped), its end.
+                delta = {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -351,6 +393,12 @@ class Simulator:
                 await asyncio.sleep(0.2)
             if chat:
                 await response.write(chunk(piece("", role=True)))
+            if tool is not None:
+                opening = {"index": 0, "id": "call_" + ident[9:], "type": "function"}
+                opening["function"] = {"name": tool, "arguments": '{"text": "'}
+                first = {"index": 0, "delta": {"tool_calls": [opening]}, "logprobs": None, "finish_reason": None}
+                await response.write(chunk(first))
+                pieces = [orjson.dumps(p).decode()[1:-1] for p in pieces] + ['"}']
             for i, text in enumerate(pieces):
                 if how.cut_after is not None and i >= how.cut_after:
                     assert request.transport is not None
@@ -372,6 +420,21 @@ class Simulator:
 
 
 EMBEDDING_SIZE = 8
+
+
+def _tool_called(body: dict[str, Any]) -> str | None:
+    """The function a chat request makes the simulator call: tool_choice "required" (the first tool) or
+    a named function; None otherwise (the simulator answers in text)."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return None
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        return str((choice.get("function") or {}).get("name") or "") or None
+    if choice == "required":
+        first = tools[0] if isinstance(tools[0], dict) else {}
+        return str((first.get("function") or {}).get("name") or "") or None
+    return None
 
 
 def _vector(text: str, size: int) -> list[float]:
@@ -447,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     simulator = Simulator(
-        models=tuple(args.model or ["acme/model-1", "acme/embed-1"]),
+        models=tuple(args.model or ["acme/model-1", "acme/embed-1", "acme/rerank-1"]),
         behaviour=Behaviour(latency_ms=args.latency_ms, deltas=args.deltas, delay_ms=args.delay_ms),
         api_key=args.api_key,
         max_concurrency=args.max_concurrency,

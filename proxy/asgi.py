@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,7 +32,7 @@ from proxy.gateway import handle_completion
 from proxy.selectors import key_summary, usage_page
 from proxy.tracing import configure as configure_tracing
 from proxy.tracing import request_trace
-from runtimes.request import CHAT, COMPLETIONS, EMBEDDINGS
+from runtimes.request import CHAT, COMPLETIONS, EMBEDDINGS, RERANK, RESPONSES
 
 log = logging.getLogger("speedinfer.gateway")
 
@@ -55,6 +56,14 @@ async def embeddings(ex: Exchange) -> None:
     await handle_completion(ex, EMBEDDINGS)
 
 
+async def responses(ex: Exchange) -> None:
+    await handle_completion(ex, RESPONSES)
+
+
+async def rerank(ex: Exchange) -> None:
+    await handle_completion(ex, RERANK)
+
+
 def model_object(model: PublicModel) -> dict[str, object]:
     """OpenAI's model object, with SpeedInfer's prices (credits per 1,000,000 tokens) and output cap."""
     return {
@@ -64,6 +73,7 @@ def model_object(model: PublicModel) -> dict[str, object]:
         "owned_by": "speedinfer",
         "pricing": {"input": format_credits(model.input_price), "output": format_credits(model.output_price)},
         "max_output_tokens": model.max_output_tokens,
+        "kind": model.kind,
     }
 
 
@@ -111,6 +121,8 @@ ROUTES: dict[str, tuple[bytes, Handler]] = {
     "/v1/chat/completions": (b"POST", chat_completions),
     "/v1/completions": (b"POST", completions),
     "/v1/embeddings": (b"POST", embeddings),
+    "/v1/responses": (b"POST", responses),
+    "/v1/rerank": (b"POST", rerank),
     "/v1/models": (b"GET", models_list),
     "/v1/key": (b"GET", key_show),
     "/v1/usage": (b"GET", usage_list),
@@ -195,12 +207,22 @@ def _dependency(exc: Exception) -> str:
     return "redis" if isinstance(exc, RedisUnavailable) else "database"
 
 
+# Paths a client of an OpenAI-compatible server (or of vLLM's own root routes) may try: they answer the
+# gateway's JSON 404 (an OpenAI error body), never the site's HTML page.
+_API_LOOKING = re.compile(
+    r"^/(v\d+(/|$)|(tokenize|detokenize|rerank|score|classify|pooling|embeddings|completions|responses|models|"
+    r"moderations|chat|audio|images|files|batches|invocations)(/|$))"
+)
+
+
 def with_gateway(django_app: Any) -> ASGIApp:
-    """HTTP requests under /v1/ go to the gateway, everything else to Django."""
+    """HTTP requests under /v1 (and API-looking paths, answered with a JSON 404) go to the gateway,
+    everything else to Django."""
     configure_tracing()  # once per process, at start-up: on only with OTEL_EXPORTER_OTLP_ENDPOINT set
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["path"].startswith("/v1/"):
+        path = scope["path"]
+        if path.startswith("/v1/") or path == "/v1" or _API_LOOKING.match(path):
             await gateway_app(scope, receive, send)
         else:
             await django_app(scope, receive, send)

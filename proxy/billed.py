@@ -52,12 +52,10 @@ from proxy.exchange import Exchange
 from proxy.pending import claim_replay, pending_close, replay_orphans
 from proxy.services import request_reserve
 from runtimes.interface import WorkerClient
-from runtimes.request import EMBEDDINGS, CompletionParams, Usage
+from runtimes.request import EMBEDDINGS, ENDPOINT_PATHS, RERANK, CompletionParams, Usage
 from runtimes.target import WorkerTarget
 
 log = logging.getLogger("speedinfer.gateway")
-
-_ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", EMBEDDINGS: "/v1/embeddings"}
 
 
 @dataclass
@@ -81,10 +79,10 @@ class BilledCall:
     @classmethod
     def for_request(cls, *, ex: Exchange, params: CompletionParams, key: KeyInfo, model: PublicModel) -> BilledCall:
         """The call with its bounds: the model's output cap (0 for embeddings, which produce no tokens:
-        the reservation is the input's bound at the input price) and the prompt's token bound."""
+        the reservation is the input's bound at the input price; rerank likewise) and the prompt's token bound."""
         cap = model.max_output_tokens
         max_tokens = min(params.max_tokens, cap) if params.max_tokens else cap
-        if params.endpoint == EMBEDDINGS:
+        if params.endpoint in (EMBEDDINGS, RERANK):
             max_tokens = 0
         prompt_bound = prompt_token_bound(texts=params.texts, messages=len(params.messages))
         return cls(ex=ex, params=params, key=key, model=model, max_tokens=max_tokens, prompt_bound=prompt_bound)
@@ -96,7 +94,7 @@ class BilledCall:
     def _outcome(self) -> RequestOutcome:
         outcome = self.ex.outcome
         outcome.worker_id = self.worker.worker_id if self.worker else ""
-        outcome.endpoint = _ENDPOINT_PATHS[self.params.endpoint]
+        outcome.endpoint = ENDPOINT_PATHS[self.params.endpoint]
         return outcome
 
     async def reserve(self) -> None:

@@ -21,8 +21,19 @@ Send = Callable[[Message], Awaitable[None]]
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,100}$")
+_NOT_REQUEST_ID = re.compile(rb"[^A-Za-z0-9._:\-]+")
 _JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", b"text/event-stream; charset=utf-8")
+
+
+def _request_id(given: bytes) -> str:
+    """The client's X-Request-ID, kept as it is when it is up to 100 of A-Za-z0-9._:- and otherwise in a
+    sanitised form (each run of other bytes one `_`, cut to 100), so the client can still find its
+    request in the logs; a fresh id when nothing is left (docs/api.md, Endpoints and scopes)."""
+    if _REQUEST_ID.match(given):
+        return given.decode()
+    cleaned = _NOT_REQUEST_ID.sub(b"_", given).strip(b"_")[:100]
+    return cleaned.decode() if cleaned else uuid.uuid4().hex
 
 
 class Exchange:
@@ -61,7 +72,7 @@ class Exchange:
             elif name == b"x-request-id":
                 request_id = value
         self.authorization = authorization
-        self.request_id = request_id.decode() if _REQUEST_ID.match(request_id) else uuid.uuid4().hex
+        self.request_id = _request_id(request_id)
         # How the request ends: filled in along the path, then handed to the ledger, metrics and log.
         self.outcome = RequestOutcome(request_id=self.request_id)
 
@@ -85,7 +96,8 @@ class Exchange:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > MAX_BODY_BYTES:
-                raise GatewayError(400, "invalid_request", f"the request body exceeds {MAX_BODY_BYTES} bytes")
+                limit = MAX_BODY_BYTES / (1024 * 1024)
+                raise GatewayError(413, "request_too_large", f"the request body exceeds the limit of {limit:g} MiB")
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: the request path, in the documented order.
+"""POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and /v1/rerank: the request path,
+in the documented order.
 
 parse and validate -> authenticate -> scope, model, allow-list -> rate limits
 -> select workers by capability (streaming support) -> reserve -> forward (one retry on another worker
@@ -29,17 +30,24 @@ from proxy.exchange import Exchange
 from proxy.idempotency import idempotency_begin, idempotency_end, idempotency_key, idempotency_replay
 from proxy.payloads import parse_completion
 from proxy.ratelimit import rate_limit_admit, rate_limit_refund
+from proxy.responses import parse_rerank, parse_responses
 from proxy.streaming import stream
 from proxy.upstream import complete, select
-from runtimes.request import EMBEDDINGS, CompletionParams
+from runtimes.request import EMBEDDINGS, ENDPOINT_PATHS, RERANK, RESPONSES, CompletionParams
+
+CLAMPED_HEADER = b"x-speedinfer-max-tokens-clamped"
+_PARSERS = {EMBEDDINGS: parse_embeddings, RESPONSES: parse_responses, RERANK: parse_rerank}
+# The scope names match the endpoints (chat, completions, embeddings) but for these two.
+_SCOPES = {RESPONSES: "chat", RERANK: "embeddings"}
 
 
 async def handle_completion(ex: Exchange, endpoint: str) -> None:
     body = await ex.body()
-    params = parse_embeddings(body) if endpoint == EMBEDDINGS else parse_completion(body, endpoint=endpoint)
+    parse = _PARSERS.get(endpoint)
+    params = parse(body) if parse is not None else parse_completion(body, endpoint=endpoint)
     ex.outcome.model, ex.outcome.streamed = params.model, params.stream
     idempotency_key(ex)  # a malformed key is a 400 before anything else is looked at
-    key = await authenticate(ex, endpoint)  # the scope names match the endpoints: chat, completions, embeddings
+    key = await authenticate(ex, _SCOPES.get(endpoint, endpoint))
     claim = await idempotency_begin(ex, key=key, body=body)
     if claim is None:
         await _serve(ex, params, key, [])
@@ -61,12 +69,22 @@ async def _serve(ex: Exchange, params: CompletionParams, key: KeyInfo, calls: li
         raise GatewayError(404, "model_not_found", f"the model '{params.model}' does not exist", param="model")
     if key.allowed_models and params.model not in key.allowed_models:
         raise GatewayError(403, "model_not_allowed", f"this key may not use the model '{params.model}'", param="model")
+    if not model.serves(params.endpoint):
+        raise GatewayError(
+            400,
+            "invalid_request",
+            f"the model '{params.model}' is a {model.kind} model: it does not serve {ENDPOINT_PATHS[params.endpoint]}",
+            param="model",
+        )
     call = BilledCall.for_request(ex=ex, params=params, key=key, model=model)
     token_bound = call.token_bound
 
     with ex.trace.step("rate_limit"):
         decision = await rate_limit_admit(key=key, tokens=token_bound)
         ex.extra_headers = decision.headers(key)
+        if params.max_tokens is not None and params.max_tokens > call.max_tokens and call.max_tokens:
+            # A limit above the model's cap is clamped, and the answer says so (docs/api.md, Request path).
+            ex.extra_headers.append((CLAMPED_HEADER, str(call.max_tokens).encode()))
         if not decision.allowed:
             raise GatewayError(
                 429, "rate_limit_exceeded", "rate limit exceeded for this key; retry after the given time"

@@ -22,7 +22,8 @@ from proxy.tracing import NO_WORKER_SPAN, WorkerSpan
 from proxy.upstream import worker_failed
 from runtimes.errors import RuntimeUsageUnavailable, UpstreamError, UpstreamTimeout, WorkerError
 from runtimes.interface import DONE, WorkerClient, WorkerStream
-from runtimes.request import usage_from
+from runtimes.request import RESPONSES, usage_from
+from runtimes.responses import usage_of_response
 from workers import routing
 
 
@@ -49,9 +50,8 @@ async def stream(call: BilledCall) -> None:
             call.params.traceparent = span.traceparent  # the worker's trace joins this attempt's span
             try:
                 deadline = loop.time() + client.total_timeout
-                upstream = await client.stream_open(
-                    params=call.params, max_tokens=call.max_tokens, request_id=ex.request_id
-                )
+                open_stream = client.respond_stream if call.params.endpoint == RESPONSES else client.stream_open
+                upstream = await open_stream(params=call.params, max_tokens=call.max_tokens, request_id=ex.request_id)
                 # Headers from the worker are not an answer: until its first data event the client has
                 # none either, so the read timeout applies to that event (comments don't reset it).
                 first = await _next_event(upstream, client, deadline)
@@ -71,7 +71,8 @@ async def stream(call: BilledCall) -> None:
         assert upstream is not None and client is not None and first is not None
         ex.outcome.ttft = ex.outcome.elapsed()
         await ex.start_stream()
-        await _relay(call, client, first, upstream, deadline, span)
+        relay = _relay_events if call.params.endpoint == RESPONSES else _relay
+        await relay(call, client, first, upstream, deadline, span)
     except asyncio.CancelledError:
         if not ex.disconnected:
             raise
@@ -163,6 +164,82 @@ async def _relay(
     await ex.end_stream(b"data: [DONE]\n\n")
     # Read the upstream body to its end (after [DONE] only the chunked terminator is left): a response
     # closed before its end takes its connection down with it, and the next stream would open a new one.
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1):
+            async for _ in upstream.payloads:
+                pass
+
+
+# The Responses events that carry generated tokens (what a client that leaves mid-stream pays for).
+_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.function_call_arguments.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.refusal.delta",
+    }
+)
+_FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+async def _relay_events(
+    call: BilledCall, client: WorkerClient, first: bytes, upstream: WorkerStream, deadline: float, span: WorkerSpan
+) -> None:
+    """The Responses API's stream: each event as `event: TYPE` + `data: JSON` (no [DONE]: the stream ends
+    after response.completed), the usage of its final event settling it; otherwise as _relay."""
+    ex = call.ex
+    payload: bytes | None = first
+    sequence = -1  # the last event's sequence_number: an error event follows it
+    try:
+        while payload is not None and payload != DONE:
+            try:
+                event = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                raise UpstreamError(
+                    "the worker sent an event that is not JSON", detail=payload[:200].decode()
+                ) from None
+            if not isinstance(event, dict) or "error" in event or event.get("type") == "error":
+                raise UpstreamError("the worker reported an error mid-stream", detail=payload[:500].decode())
+            kind = str(event.get("type", ""))
+            if type(event.get("sequence_number")) is int:
+                sequence = event["sequence_number"]
+            response = event.get("response")
+            if isinstance(response, dict):
+                response["model"] = call.params.model
+                if kind in _FINAL:
+                    call.usage = usage_of_response(response) or call.usage
+            if ex.disconnected:
+                raise asyncio.CancelledError
+            await ex.send_chunk(b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n")
+            if kind in _DELTAS:
+                call.delivered_chunks += 1
+            payload = await _next_event(upstream, client, deadline)
+        span.end()  # the worker's last event
+        if call.usage is None:
+            raise RuntimeUsageUnavailable("the worker's stream ended without usage; nothing was charged")
+    except WorkerError as error:
+        span.end(error.code)
+        ex.interruptible = False
+        await upstream.aclose()
+        try:
+            await worker_failed(call, client, error, attempt=None)
+        except GatewayError as failure:
+            ex.outcome.status, ex.outcome.error_code = failure.status, failure.code
+            # The Responses API's error event (the SDK raises it as an APIError).
+            error_event = {
+                "type": "error",
+                "code": failure.code,
+                "message": failure.message,
+                "param": failure.param,
+                "sequence_number": sequence + 1,
+            }
+            await ex.end_stream(b"event: error\ndata: " + orjson.dumps(error_event) + b"\n\n")
+        return
+    ex.interruptible = False
+    await routing.record_success(client.worker.worker_id)
+    await call.settle(call.usage)
+    await ex.end_stream()
     with contextlib.suppress(Exception):
         async with asyncio.timeout(1):
             async for _ in upstream.payloads:

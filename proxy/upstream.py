@@ -16,7 +16,8 @@ from proxy.errors import GatewayError
 from runtimes.client import client_for
 from runtimes.errors import WorkerError
 from runtimes.interface import Answer, WorkerClient
-from runtimes.request import EMBEDDINGS, CompletionParams
+from runtimes.request import EMBEDDINGS, RERANK, RESPONSES, CompletionParams
+from runtimes.responses import Untranslatable, chat_request
 from workers import routing
 
 log = logging.getLogger("speedinfer.gateway")
@@ -28,6 +29,8 @@ async def select(params: CompletionParams) -> list[WorkerClient]:
     docs/interface.md, HTTP: `stream: true` for a model none of whose workers can stream (direct Triton) is 400
     streaming_unsupported; judged on the eligible workers, else on every worker declaring the model."""
     clients = [client_for(w) for w in await routing.eligible_workers(params.model)]
+    if params.endpoint == RESPONSES:
+        clients = _responses_clients(params, clients)
     if params.stream:
         streamable = [c for c in clients if c.capabilities.streams]
         if not streamable:
@@ -46,12 +49,40 @@ async def select(params: CompletionParams) -> list[WorkerClient]:
     return clients
 
 
+def _responses_clients(params: CompletionParams, clients: list[WorkerClient]) -> list[WorkerClient]:
+    """Who serves a Responses request: the workers that speak the Responses API, when the model has any
+    (the body goes as it is); else every text worker through the chat translation, which must then hold
+    (400 naming the field it cannot carry) and whose tools / text.format the worker must honour."""
+    native = [c for c in clients if c.capabilities.responses]
+    if native:
+        return native
+    try:
+        chat = chat_request(params.body)
+    except Untranslatable as refused:
+        raise GatewayError(400, "invalid_request", str(refused), param=refused.param) from None
+    for feature, flag, param in (("tools", "tools", "tools"), ("response_format", "response_format", "text.format")):
+        if chat.get(feature) is not None and clients:
+            clients = [c for c in clients if getattr(c.capabilities, flag)]
+            if not clients:
+                raise GatewayError(
+                    400,
+                    "invalid_request",
+                    f"'{param}' is not honoured by the workers serving the model '{params.model}'",
+                    param=param,
+                )
+    return clients
+
+
 async def forward_once(call: BilledCall, client: WorkerClient) -> Answer:
     """One non-streaming call to one worker, counted in its in-flight load and latency estimate."""
     params, max_tokens, request_id = call.params, call.max_tokens, call.ex.request_id
-    embeddings = params.endpoint == EMBEDDINGS
-    serve = client.embed if embeddings else client.complete
-    if not (client.capabilities.embeds if embeddings else client.capabilities.generates_text):
+    endpoint, caps = params.endpoint, client.capabilities
+    serve, capable = {
+        EMBEDDINGS: (client.embed, caps.embeds),
+        RESPONSES: (client.respond, caps.generates_text),
+        RERANK: (client.rerank, caps.rerank),
+    }.get(endpoint, (client.complete, caps.generates_text))
+    if not capable:
         # Refused by the interface (WorkerRejected) before the worker is counted as called.
         return await serve(params=params, max_tokens=max_tokens, request_id=request_id)
     worker_id = client.worker.worker_id

@@ -8,6 +8,14 @@ raises `WorkerRejected` (400 invalid_request; nothing charged, the worker not co
     complete(params, max_tokens, request_id) -> (OpenAI answer dict, Usage)    chat / completions
     stream_open(params, max_tokens, request_id) -> WorkerStream                 stream: true
     embed(params, max_tokens, request_id) -> (OpenAI embeddings answer, Usage)  /v1/embeddings
+    respond(params, max_tokens, request_id) -> (Response object, Usage)          /v1/responses
+    respond_stream(params, max_tokens, request_id) -> WorkerStream (Responses events)
+    rerank(params, max_tokens, request_id) -> (rerank answer, Usage)            /v1/rerank
+
+`respond` / `respond_stream` are served by every worker that generates text: by default they translate
+the Responses request to chat completions and back (runtimes.responses) through `complete` /
+`stream_open`; a transport whose worker speaks the Responses API itself (`Capabilities.responses`)
+overrides them to forward it as it is.
 
 Every method sends `params.traceparent`, when set, as the worker request's W3C `traceparent` header (the
 gateway's span of that call, proxy.tracing), so a worker that traces joins the request's trace.
@@ -26,9 +34,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import orjson
+
 from runtimes.errors import WorkerRejected
 from runtimes.http import worker_timeout, worker_total_timeout
 from runtimes.request import CompletionParams, Usage
+from runtimes.responses import ResponseEvents, chat_params, response_from_chat
 from runtimes.target import WorkerTarget
 
 Answer = tuple[dict[str, Any], Usage]
@@ -53,7 +64,8 @@ class Capabilities:
 
 class WorkerStream:
     """An open upstream stream: `payloads` yields each OpenAI chunk payload (the JSON of one
-    `chat.completion.chunk` / `text_completion` event, then `DONE`), as it arrives.
+    `chat.completion.chunk` / `text_completion` event, then `DONE`; for `respond_stream`, the JSON of
+    each Responses stream event), as it arrives.
     The caller must `aclose()` it: that closes the upstream request, so the worker stops generating."""
 
     __slots__ = ("payloads", "_close")
@@ -107,3 +119,45 @@ class WorkerClient:
 
     async def embed(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> Answer:
         raise _lacks(params, "does not serve embeddings")
+
+    async def respond(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> Answer:
+        """The Responses API through chat completions (runtimes.responses): translate, complete, translate back."""
+        answer, usage = await self.complete(params=chat_params(params), max_tokens=max_tokens, request_id=request_id)
+        return response_from_chat(answer=answer, usage=usage, body=params.body, model=params.model), usage
+
+    async def respond_stream(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> WorkerStream:
+        """Responses stream events made from the chat completion chunks of `stream_open`."""
+        upstream = await self.stream_open(params=chat_params(params), max_tokens=max_tokens, request_id=request_id)
+        events = ResponseEvents(body=params.body, model=params.model)
+        return WorkerStream(_translated(upstream, events), upstream.aclose)
+
+    async def rerank(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> Answer:
+        raise _lacks(params, "is not served by a worker that reranks")
+
+
+async def _translated(upstream: WorkerStream, events: ResponseEvents) -> AsyncIterator[bytes]:
+    """The Responses events of a chat stream. response.created waits for the worker's first chunk, so
+    the gateway's first-event timeout and its retry on another worker still judge the worker."""
+    started = False
+    async for payload in upstream.payloads:
+        if payload == DONE:
+            break
+        if not started:
+            started = True
+            for event in events.start():
+                yield orjson.dumps(event)
+        try:
+            chunk = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            yield payload  # the gateway reports it as the worker's fault
+            return
+        if not isinstance(chunk, dict) or "error" in chunk:
+            yield payload
+            return
+        for event in events.feed(chunk):
+            yield orjson.dumps(event)
+    if events.usage is not None:
+        # Without the worker's usage there is no response.completed: the gateway charges nothing.
+        for event in events.finish():
+            yield orjson.dumps(event)
+    yield DONE

@@ -25,6 +25,7 @@ from runtimes.errors import (
 from runtimes.http import get_client, worker_timeout, worker_total_timeout
 from runtimes.interface import Answer, Capabilities, WorkerClient, WorkerStream
 from runtimes.request import CHAT, CompletionParams, Usage, usage_from
+from runtimes.responses import usage_of_response
 from runtimes.sse import sse_data
 from runtimes.target import WorkerTarget
 
@@ -123,11 +124,8 @@ async def openai_complete(
     return data, usage
 
 
-async def openai_stream_open(
-    *, worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
-) -> httpx.Response:
-    """Start a streaming call; the caller must close the response (that stops the worker generating)."""
-    request = _upstream_request(worker, params, max_tokens, request_id)
+async def _open_stream(worker: WorkerTarget, request: httpx.Request) -> httpx.Response:
+    """Send a streaming request; the open response, or the worker's refusal as a WorkerError."""
     with http_failures():
         response = await get_client().send(request, stream=True)
     if response.status_code != 200:
@@ -139,6 +137,13 @@ async def openai_stream_open(
             await response.aclose()
         raise rejected(worker, response.status_code, detail)
     return response
+
+
+async def openai_stream_open(
+    *, worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
+) -> httpx.Response:
+    """Start a streaming call; the caller must close the response (that stops the worker generating)."""
+    return await _open_stream(worker, _upstream_request(worker, params, max_tokens, request_id))
 
 
 async def openai_embed(
@@ -166,10 +171,60 @@ async def openai_embed(
     return data, Usage(prompt_tokens, 0)
 
 
+def _post(worker: WorkerTarget, path: str, body: dict[str, Any], request_id: str) -> httpx.Request:
+    headers = {"content-type": "application/json", "x-request-id": request_id, **auth_headers(worker)}
+    return get_client().build_request(
+        "POST",
+        worker.endpoint + path,
+        content=orjson.dumps(body),
+        headers=headers,
+        timeout=worker_timeout(worker.runtime_config),
+    )
+
+
+def _responses_request(
+    worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
+) -> httpx.Request:
+    """POST {endpoint}/responses, the client's body but for the worker's model id, the bound's token limit
+    and `store: false` (the Responses API's default is to store; this service keeps no state)."""
+    body = {**params.body, "model": worker.upstream_model(params.model), "max_output_tokens": max_tokens}
+    body["store"] = False
+    return _post(worker, "/responses", body, request_id)
+
+
+async def openai_respond(
+    *, worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
+) -> tuple[dict[str, Any], Usage]:
+    """The Responses API forwarded to a worker that serves it: its Response object and usage."""
+    data = await send_for_json(worker, _responses_request(worker, params, max_tokens, request_id))
+    usage = usage_of_response(data)
+    if usage is None:
+        raise RuntimeUsageUnavailable("the worker's answer has no usage; nothing was charged")
+    data["model"] = params.model
+    return data, usage
+
+
+async def openai_rerank(
+    *, worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
+) -> tuple[dict[str, Any], Usage]:
+    """POST {endpoint}/rerank (vLLM's and Jina's shape), settled from usage.prompt_tokens or total_tokens."""
+    body = {**params.body, "model": worker.upstream_model(params.model)}
+    data = await send_for_json(worker, _post(worker, "/rerank", body, request_id))
+    usage = data.get("usage")
+    tokens = None
+    if isinstance(usage, dict):
+        tokens = usage.get("prompt_tokens") if usage.get("prompt_tokens") is not None else usage.get("total_tokens")
+    if type(tokens) is not int or tokens < 0 or not isinstance(data.get("results"), list):
+        raise RuntimeUsageUnavailable("the worker's rerank answer has no usage or results; nothing was charged")
+    data["model"] = params.model
+    return data, Usage(tokens, 0)
+
+
 class OpenAIClient(WorkerClient):
     """An OpenAI-compatible worker: the client's body is forwarded as it is (model id and token limit
     rewritten), so every request feature the worker honours passes through. The Responses API is
-    declared per worker (`runtime_config.responses: true`); rerank is not served yet."""
+    declared per worker (`runtime_config.responses: true`: forwarded as it is; otherwise translated to
+    chat completions by the interface's default); rerank is forwarded to {endpoint}/rerank."""
 
     transport = "openai"
 
@@ -185,6 +240,7 @@ class OpenAIClient(WorkerClient):
             n=True,
             logprobs=True,
             responses=worker.runtime_config.get("responses") is True,
+            rerank=True,
         )
 
     async def complete(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> Answer:
@@ -198,3 +254,17 @@ class OpenAIClient(WorkerClient):
 
     async def embed(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> Answer:
         return await openai_embed(worker=self.worker, params=params, max_tokens=max_tokens, request_id=request_id)
+
+    async def respond(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> Answer:
+        if not self.capabilities.responses:
+            return await super().respond(params=params, max_tokens=max_tokens, request_id=request_id)
+        return await openai_respond(worker=self.worker, params=params, max_tokens=max_tokens, request_id=request_id)
+
+    async def respond_stream(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> WorkerStream:
+        if not self.capabilities.responses:
+            return await super().respond_stream(params=params, max_tokens=max_tokens, request_id=request_id)
+        response = await _open_stream(self.worker, _responses_request(self.worker, params, max_tokens, request_id))
+        return WorkerStream(sse_data(response), response.aclose)
+
+    async def rerank(self, *, params: CompletionParams, max_tokens: int, request_id: str) -> Answer:
+        return await openai_rerank(worker=self.worker, params=params, max_tokens=max_tokens, request_id=request_id)

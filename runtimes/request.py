@@ -8,6 +8,15 @@ from typing import Any, TypeGuard
 CHAT = "chat"
 COMPLETIONS = "completions"
 EMBEDDINGS = "embeddings"
+RESPONSES = "responses"  # body: the Responses request (runtimes.responses translates it for chat workers)
+RERANK = "rerank"  # texts: the query, then the documents
+ENDPOINT_PATHS = {
+    CHAT: "/v1/chat/completions",
+    COMPLETIONS: "/v1/completions",
+    EMBEDDINGS: "/v1/embeddings",
+    RESPONSES: "/v1/responses",
+    RERANK: "/v1/rerank",
+}
 
 # A count outside 0..MAX_TOKEN_COUNT is not authoritative usage (a worker's bug, or an overflow such
 # as 2^31): the request ends in runtime_usage_unavailable and nothing is charged. The ledger
@@ -17,7 +26,7 @@ MAX_TOKEN_COUNT = 1_000_000_000
 
 @dataclass(slots=True)
 class CompletionParams:
-    endpoint: str  # CHAT, COMPLETIONS or EMBEDDINGS (texts: the inputs; body.encoding_format)
+    endpoint: str  # CHAT, COMPLETIONS, EMBEDDINGS (texts: the inputs; body.encoding_format), RESPONSES or RERANK
     body: dict[str, Any]
     model: str
     stream: bool

@@ -144,3 +144,18 @@ def test_models_list_create_update(staff):
     audit = AuditLog.objects.get(action="model.update")
     assert audit.detail["previous_output_price"] == "0.600000" and audit.detail["output_price"] == "0.800000"
     assert model.input_price == 2 * MICRO // 10
+
+
+def test_a_models_kind_through_the_staff_api(staff):
+    created = staff.post(
+        "/api/models/",
+        {"id": "acme/rerank-1", "input_price": "0.1", "output_price": "0", "kind": "rerank"},
+        content_type="application/json",
+    )
+    assert created.status_code == 201 and created.json()["kind"] == "rerank"
+    refused = staff.post(
+        "/api/models/",
+        {"id": "acme/y", "input_price": "1", "output_price": "1", "kind": "vision"},
+        content_type="application/json",
+    )
+    assert refused.status_code == 400

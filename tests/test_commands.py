@@ -193,3 +193,13 @@ def test_missing_production_settings_are_one_line_not_a_traceback(subprocess_env
     proc = _manage(env, "check")
     assert proc.returncode == 1
     assert proc.stderr.strip() == message
+
+
+def test_registermodel_sets_the_kind_and_refuses_an_unknown_one():
+    run("registermodel", "acme/embed-1", "--input-price", "0.1", "--output-price", "0", "--kind", "embeddings")
+    run("registermodel", "acme/embed-1", "--input-price", "0.2", "--output-price", "0")  # keeps its kind
+    assert PublicModel.objects.get(model_id="acme/embed-1").kind == "embeddings"
+    assert PublicModel.objects.get(model_id="acme/embed-1").serves("chat") is False
+    with pytest.raises(CommandError, match="kind"):
+        run("registermodel", "acme/x", "--input-price", "1", "--output-price", "1", "--kind", "vision")
+    assert not PublicModel.objects.filter(model_id="acme/x").exists()

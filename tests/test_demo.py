@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from devtools.tritonserver import triton_installed
@@ -79,6 +80,20 @@ def test_the_embedded_demo_serves_chat_streaming_and_triton(tmp_path):
         embedding = {"model": "acme/embed-1", "input": ["Explain", "the request path"]}
         vectors = httpx.post(f"{base}/v1/embeddings", json=embedding, headers=headers, timeout=30)
         assert vectors.status_code == 200 and vectors.json()["usage"]["prompt_tokens"] == 4
+        # The README's quick start: the Responses API through the openai SDK, translated to chat.
+        ai = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+        response = ai.responses.create(model="acme/model-1", input="Explain the request path")
+        assert response.output_text and response.usage is not None and response.usage.output_tokens > 0
+        ranked = httpx.post(
+            f"{base}/v1/rerank",
+            json={"model": "acme/rerank-1", "query": "request path", "documents": ["a cat", "the request path"]},
+            headers=headers,
+            timeout=30,
+        )
+        assert ranked.status_code == 200 and ranked.json()["results"][0]["index"] == 1
+        # A model's kind decides its endpoints: the embedding model answers no chat.
+        wrong = httpx.post(f"{base}/v1/chat/completions", json={**chat, "model": "acme/embed-1"}, headers=headers)
+        assert wrong.status_code == 400 and "/v1/chat/completions" in wrong.json()["error"]["message"]
         if expected == 3:
             triton_chat = {**chat, "model": "acme/triton-demo"}
             reply = httpx.post(f"{base}/v1/chat/completions", json=triton_chat, headers=headers, timeout=30)

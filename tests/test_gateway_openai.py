@@ -127,6 +127,7 @@ def test_key_shows_the_contract_shape(world):
             "balance": "10.000000",
             "reserved": "0.000000",
             "budget": None,
+            "expires_at": None,
         }
     }
 

@@ -184,6 +184,13 @@ def _check_config(config: dict[str, Any], *, transport: str, models: list[str]) 
         raise _error(
             f"runtime_config.{key}", "is for the triton transport only; OpenAI-compatible workers always stream"
         )
+    responses = config.get("responses")
+    if responses is not None:
+        # The worker serves POST /responses itself (vLLM); otherwise the gateway translates to chat.
+        if not isinstance(responses, bool):
+            raise _error("runtime_config.responses", "must be true or false")
+        if responses and transport != "openai":
+            raise _error("runtime_config.responses", "is for the openai transport (Triton requests are translated)")
     model_map = config.get("model_map")
     if model_map is not None:
         if not isinstance(model_map, dict):

@@ -38,10 +38,11 @@ class PublicModelForm(forms.ModelForm):
 
     class Meta:
         model = PublicModel
-        fields = ("model_id", "max_output_tokens")
+        fields = ("model_id", "max_output_tokens", "kind")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.fields["kind"].required = False  # unset: a new model serves every endpoint, an old one keeps its kind
         if self.instance.pk:
             self.fields["input_price_credits"].initial = format_credits(self.instance.input_price)
             self.fields["output_price_credits"].initial = format_credits(self.instance.output_price)
@@ -55,6 +56,7 @@ class PublicModelAdmin(admin.ModelAdmin):
         "input_price_display",
         "output_price_display",
         "max_output_tokens",
+        "kind",
         "enabled",
         "updated_at",
     )
@@ -62,7 +64,7 @@ class PublicModelAdmin(admin.ModelAdmin):
     list_filter = ("enabled",)
 
     def get_fields(self, request: HttpRequest, obj: PublicModel | None = None) -> tuple[str, ...]:
-        fields = ("model_id", "input_price_credits", "output_price_credits", "max_output_tokens")
+        fields = ("model_id", "input_price_credits", "output_price_credits", "max_output_tokens", "kind")
         return fields + (("enabled", "created_at", "updated_at") if obj else ())
 
     def get_readonly_fields(self, request: HttpRequest, obj: PublicModel | None = None) -> tuple[str, ...]:
@@ -86,6 +88,7 @@ class PublicModelAdmin(admin.ModelAdmin):
             input_price=int(data["input_price_credits"] * MICRO),
             output_price=int(data["output_price_credits"] * MICRO),
             max_output_tokens=data["max_output_tokens"],
+            kind=data.get("kind") or None,
             actor=request.user,
             via="admin",
         )

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from catalog.models import PublicModel
+from catalog.models import ModelKind, PublicModel
 from catalog.services import model_register
 from console.api.accounts import drf_error
 from core.credits import AmountError, format_credits, parse_credits
@@ -23,6 +23,7 @@ def model_document(model: PublicModel) -> dict[str, Any]:
         "input_price": format_credits(model.input_price),
         "output_price": format_credits(model.output_price),
         "max_output_tokens": model.max_output_tokens,
+        "kind": model.kind,
         "enabled": model.enabled,
         "updated_at": model.updated_at.isoformat(),
     }
@@ -48,16 +49,24 @@ class ModelIn(serializers.Serializer):
     input_price = _Price()
     output_price = _Price()
     max_output_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+    kind = serializers.ChoiceField(choices=ModelKind.choices, required=False, allow_null=True, default=None)
 
 
 class ModelUpdateIn(serializers.Serializer):
     input_price = _Price(required=False)
     output_price = _Price(required=False)
     max_output_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+    kind = serializers.ChoiceField(choices=ModelKind.choices, required=False, allow_null=True, default=None)
 
 
 def _register(
-    request: Request, *, model_id: str, input_price: int, output_price: int, max_output_tokens: int | None
+    request: Request,
+    *,
+    model_id: str,
+    input_price: int,
+    output_price: int,
+    max_output_tokens: int | None,
+    kind: str | None = None,
 ) -> tuple[PublicModel, bool]:
     try:
         model, created = model_register(
@@ -65,6 +74,7 @@ def _register(
             input_price=input_price,
             output_price=output_price,
             max_output_tokens=max_output_tokens,
+            kind=kind,
             actor=request.user,
             via="api",
         )
@@ -90,6 +100,7 @@ class ModelListApi(APIView):
             input_price=v["input_price"],
             output_price=v["output_price"],
             max_output_tokens=v["max_output_tokens"],
+            kind=v["kind"],
         )
         return Response(model_document(model), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
@@ -117,6 +128,7 @@ class ModelDetailApi(APIView):
             input_price=v.get("input_price", model.input_price),
             output_price=v.get("output_price", model.output_price),
             max_output_tokens=v["max_output_tokens"],
+            kind=v["kind"],
         )
         return Response(model_document(model))
 

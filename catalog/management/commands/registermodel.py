@@ -5,6 +5,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
+from catalog.models import ModelKind
 from catalog.services import model_register
 from core.commands import SpeedInferCommand
 from core.credits import AmountError, format_credits, parse_credits
@@ -18,6 +19,11 @@ class Command(SpeedInferCommand):
         parser.add_argument("--input-price", required=True, help="credits per 1M prompt tokens")
         parser.add_argument("--output-price", required=True, help="credits per 1M completion tokens")
         parser.add_argument("--max-output-tokens", type=int, help="cap on completion tokens per request")
+        parser.add_argument(
+            "--kind",
+            help="which endpoints the model serves: chat (chat, completions, responses), embeddings, rerank, "
+            "or any (the default)",
+        )
 
     def run(self, *args: Any, **options: Any) -> None:
         try:
@@ -25,11 +31,14 @@ class Command(SpeedInferCommand):
             output_price = parse_credits(options["output_price"], field="output-price")
         except AmountError as exc:
             raise CommandError(str(exc)) from None
+        if options.get("kind") is not None and options["kind"] not in ModelKind.values:
+            raise CommandError(f"kind: must be one of {', '.join(ModelKind.values)}")
         model, created = model_register(
             model_id=options["model_id"],
             input_price=input_price,
             output_price=output_price,
             max_output_tokens=options["max_output_tokens"],
+            kind=options.get("kind"),
             actor="manage.py registermodel",
             via="command",
         )

@@ -36,7 +36,11 @@ class Command(SpeedInferCommand):
             if not user_model.objects.filter(username="admin").exists():
                 user_model.objects.create_superuser("admin", "admin@example.com", admin_password)
             model_register(
-                model_id=DEMO_MODEL, input_price=MICRO // 2, output_price=MICRO * 3 // 2, max_output_tokens=512
+                model_id=DEMO_MODEL,
+                input_price=MICRO // 2,
+                output_price=MICRO * 3 // 2,
+                max_output_tokens=512,
+                kind="chat",
             )
             account = Account.objects.filter(name=DEMO_ACCOUNT).first()
             if account is None:
