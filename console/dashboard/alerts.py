@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
@@ -33,7 +33,9 @@ def _initial(account: Account) -> dict[str, object]:
 @customer_view
 def alerts(request: HttpRequest, account: Account) -> HttpResponse:
     if not user_is_account_owner(user=request.user, account=account):
-        raise PermissionDenied("Only the account's owners can change its alerts.")
+        # The dashboard's own 403 page (nav, role, a way back), not Django's bare "403 Forbidden".
+        context = {"account": account, "membership": request.membership, "power": "alerts"}  # type: ignore[attr-defined]
+        return render(request, "dashboard/forbidden.html", context, status=403)
     if request.method not in ("GET", "HEAD", "POST"):
         return HttpResponse(status=405)
     form = AlertSettingsForm(request.POST or None, initial=_initial(account))
