@@ -225,6 +225,8 @@ USAGE_CSV_HEADER = [
     "latency_ms",
     "ttft_ms",
     "streamed",
+    "cached_tokens",
+    "reasoning_tokens",
 ]
 
 
@@ -249,6 +251,8 @@ def usage_csv_response(queryset: QuerySet[UsageRecord], filename: str) -> Stream
                 r.latency_ms,
                 "" if r.ttft_ms is None else r.ttft_ms,
                 "yes" if r.streamed else "no",
+                r.cached_tokens,
+                r.reasoning_tokens,
             ]
 
     writer = csv.writer(_Echo())

@@ -18,11 +18,21 @@ class Command(SpeedInferCommand):
         parser.add_argument("--input-price", required=True, help="credits per 1M prompt tokens")
         parser.add_argument("--output-price", required=True, help="credits per 1M completion tokens")
         parser.add_argument("--max-output-tokens", type=int, help="cap on completion tokens per request")
+        parser.add_argument(
+            "--cached-input-price", help="credits per 1M cached prompt tokens (default: the input price)"
+        )
+        parser.add_argument(
+            "--media-tokens",
+            type=int,
+            help="the most tokens one image, audio, video or file part may cost (0: no media parts)",
+        )
 
     def run(self, *args: Any, **options: Any) -> None:
         try:
             input_price = parse_credits(options["input_price"], field="input-price")
             output_price = parse_credits(options["output_price"], field="output-price")
+            cached = options["cached_input_price"]
+            cached_price = None if cached is None else parse_credits(cached, field="cached-input-price")
         except AmountError as exc:
             raise CommandError(str(exc)) from None
         model, created = model_register(
@@ -30,6 +40,8 @@ class Command(SpeedInferCommand):
             input_price=input_price,
             output_price=output_price,
             max_output_tokens=options["max_output_tokens"],
+            cached_input_price=cached_price,
+            media_tokens=options["media_tokens"],
             actor="manage.py registermodel",
             via="command",
         )
