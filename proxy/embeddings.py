@@ -73,4 +73,5 @@ def parse_embeddings(raw: bytes) -> CompletionParams:
         body_bytes=len(raw),
         apart_bytes=apart_bytes,
         apart_tokens=apart_tokens,
+        needs={"prompt_arrays": "input"} if apart_tokens else {},
     )

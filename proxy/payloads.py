@@ -256,7 +256,13 @@ def parse_completion(raw: bytes, *, endpoint: str) -> CompletionParams:
         apart_tokens=apart.tokens + (prompts - 1) * PER_REQUEST_TOKEN_ALLOWANCE,
         media_parts=apart.media,
         choices=max(n, best_of) * prompts,  # each prompt of a batch gets its own choices
-        needs=_needs(body, n=n, best_of=best_of, media_param=apart.media_param),
+        needs=_needs(
+            body,
+            n=n,
+            best_of=best_of,
+            media_param=apart.media_param,
+            batch=endpoint != CHAT and (prompts > 1 or not texts),
+        ),
     )
 
 
@@ -295,7 +301,7 @@ _FEATURE_FIELDS = (
 )
 
 
-def _needs(body: dict[str, Any], *, n: int, best_of: int, media_param: str) -> dict[str, str]:
+def _needs(body: dict[str, Any], *, n: int, best_of: int, media_param: str, batch: bool) -> dict[str, str]:
     """The Capabilities flags a worker must have to honour this request, each with the field asking it
     (docs/interface.md: silent drops are refused)."""
     needs: dict[str, str] = {}
@@ -307,4 +313,6 @@ def _needs(body: dict[str, Any], *, n: int, best_of: int, media_param: str) -> d
         needs["n"] = "n" if n > 1 else "best_of"
     if media_param:
         needs["media"] = media_param
+    if batch:
+        needs["prompt_arrays"] = "prompt"
     return needs

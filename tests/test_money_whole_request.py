@@ -4,11 +4,14 @@ a settle capped at the key's budget, cached-token pricing; against a vLLM-like w
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+from django.db import connection
 
 from billing.models import KeySpend, Reservation, UsageRecord
 from billing.pricing import PER_MESSAGE_TOKEN_ALLOWANCE, PER_REQUEST_TOKEN_ALLOWANCE, cost_of
@@ -150,6 +153,75 @@ class TestThroughTheGateway:
             assert response.json()["error"]["param"] == param, body
         assert worker.bodies == []
         nothing_held(world)
+
+    def test_an_overrun_on_a_budgeted_key_is_charged_up_to_the_budget(self, gateway_server, vllm_worker):
+        worker, thread = vllm_worker
+        world = customer(gateway_server, budget=2000)  # 0.002 credits a month
+        register_worker(thread.base_url, worker_id="vllm-1")
+        worker.prompt_tokens = 15_000  # a runtime billing far past the bound (a chat template, say)
+        payload = {"model": "acme/model-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+        response, _ = post(world, "/v1/chat/completions", payload)
+        assert response.status_code == 200
+        assert response.json()["usage"]["prompt_tokens"] == 15_000  # the worker's word reaches the client
+        record = UsageRecord.objects.get()
+        assert record.reserved < 2000 and (record.cost, record.uncharged) == (2000, 15_010 - 2000)
+        assert KeySpend.objects.get(api_key=world["key"]).spent == 2000  # never above the budget
+        assert money(world["account"]) == (10 * MICRO - 2000, 0)
+        response, _ = post(world, "/v1/chat/completions", payload)
+        assert (response.status_code, response.json()["error"]["code"]) == (402, "key_budget_exceeded")
+
+    def test_cached_and_reasoning_tokens_are_recorded_and_priced(self, gateway_server, vllm_worker):
+        worker, thread = vllm_worker
+        world = customer(gateway_server, cached_input_price=MICRO // 10)
+        register_worker(thread.base_url, worker_id="vllm-1")
+        worker.prompt_tokens, worker.cached_tokens, worker.reasoning_tokens = 1000, 800, 3
+        payload = {"model": "acme/model-1", "messages": [{"role": "user", "content": "again"}]}
+        response, _ = post(world, "/v1/chat/completions", payload)
+        usage = response.json()["usage"]
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 800}  # unchanged
+        assert usage["completion_tokens_details"] == {"reasoning_tokens": 3}
+        record = UsageRecord.objects.get()
+        # (1000 - 800) x 1 + 800 x 0.1 + 5 x 2 credits per 1M tokens = 200 + 80 + 10 micro-credits.
+        assert (record.cached_tokens, record.reasoning_tokens, record.cost) == (800, 3, 290)
+        assert money(world["account"]) == (10 * MICRO - 290, 0)
+        listed = httpx.get(world["url"] + "/v1/usage", headers={"Authorization": f"Bearer {world['secret']}"})
+        item = listed.json()["data"][0]
+        assert (item["cached_tokens"], item["reasoning_tokens"], item["cost"]) == (800, 3, "0.000290")
+        models = httpx.get(world["url"] + "/v1/models", headers={"Authorization": f"Bearer {world['secret']}"})
+        assert models.json()["data"][0]["pricing"] == {
+            "input": "1.000000",
+            "output": "2.000000",
+            "cached_input": "0.100000",
+        }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_overruns_on_one_key_never_pass_its_budget():
+    account = make_account(credits=10)
+    key = make_key(account=account, monthly_budget=10_000).api_key
+    model = make_model()
+    holds = [
+        credits_reserve(account_id=account.pk, amount=1000, model=model, api_key_id=key.pk, budget=10_000)
+        for _ in range(8)
+    ]
+    barrier = threading.Barrier(len(holds))
+
+    def settle(reservation_id: Any) -> int:
+        try:
+            barrier.wait(10)
+            record = reservation_settle(reservation_id=reservation_id, prompt_tokens=5000, completion_tokens=0)
+            return record.cost if record else -1
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(len(holds)) as pool:
+        costs = list(pool.map(settle, [h.pk for h in holds]))
+    # Each cost 5000 against a 1000 hold: together they are charged exactly the budget, never more.
+    assert sum(costs) == 10_000 and all(c >= 1000 for c in costs)
+    spend = KeySpend.objects.get(api_key=key)
+    assert (spend.spent, spend.reserved) == (10_000, 0)
+    assert sum(UsageRecord.objects.values_list("uncharged", flat=True)) == 8 * 5000 - 10_000
+    assert money(account) == (10 * MICRO - 10_000, 0)
 
 
 @pytest.mark.django_db
