@@ -228,8 +228,11 @@ def reservation_settle(
     Idempotent: a second call (or one after a release) charges nothing and
     returns None. One after the sweeper expired the reservation still charges
     (from available: content is never free). The charge is capped at what the
-    account can pay (the hold plus available); a cost above the reservation is
-    recorded as `overrun`, and what could not be charged as `uncharged`.
+    account can pay (the hold plus available) and at what is left of the key's
+    monthly budget beside its other running holds; a cost above the reservation
+    is recorded as `overrun`, and what could not be charged as `uncharged`.
+    `cached_tokens` (of the prompt) are priced at the reservation's cached input
+    price; `reasoning_tokens` (of the completion) are recorded only.
     """
     _check_counts(prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)
     record = ledger().settle(
