@@ -172,3 +172,27 @@ def test_a_mixed_pool_sends_tools_only_to_the_workers_that_honour_them(gateway_s
         ai.chat.completions.create(model="acme/model-1", max_tokens=3, messages=hello, n=2)
     assert set(UsageRecord.objects.values_list("worker_id", flat=True)) == {"sim-openai"}
     assert money(account) == (10_000_000 - sum(UsageRecord.objects.values_list("cost", flat=True)), 0)
+
+
+def test_a_triton_worker_reports_cached_tokens_through_its_output_name(gateway_server, triton_server):
+    # The test model has no cache; its prompt-count output stands in for one (every prompt token cached).
+    make_model(model_id="acme/tri-cached", max_output_tokens=32, cached_input_price=0)
+    register_worker(
+        triton_server.url,
+        worker_id="triton-cached",
+        runtime="triton",
+        models=("acme/tri-cached",),
+        model_name="text_generation",
+        cached_tokens_output_name="prompt_tokens",
+        **NAMES,
+    )
+    account = make_account(name="triton-cached", credits=10)
+    ai = openai.OpenAI(base_url=gateway_server.url + "/v1", api_key=make_key(account=account).secret, max_retries=0)
+    ai.chat.completions.create(
+        model="acme/tri-cached", max_tokens=3, messages=[{"role": "user", "content": "one two three four five"}]
+    )
+    record = UsageRecord.objects.get()
+    assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (7, 7, 3)
+    # (7 - 7) x 1 + 7 x 0 + 3 x 2 credits per 1M tokens: the cached prompt is free on this model.
+    assert record.cost == 6
+    assert money(account) == (10_000_000 - 6, 0)

@@ -38,7 +38,7 @@ class PublicModelForm(forms.ModelForm):
 
     class Meta:
         model = PublicModel
-        fields = ("model_id", "max_output_tokens")
+        fields = ("model_id", "max_output_tokens", "media_tokens")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -62,11 +62,16 @@ class PublicModelAdmin(admin.ModelAdmin):
     list_filter = ("enabled",)
 
     def get_fields(self, request: HttpRequest, obj: PublicModel | None = None) -> tuple[str, ...]:
-        fields = ("model_id", "input_price_credits", "output_price_credits", "max_output_tokens")
-        return fields + (("enabled", "created_at", "updated_at") if obj else ())
+        fields = ("model_id", "input_price_credits", "output_price_credits", "max_output_tokens", "media_tokens")
+        return fields + (("cached_input_price_display", "enabled", "created_at", "updated_at") if obj else ())
 
     def get_readonly_fields(self, request: HttpRequest, obj: PublicModel | None = None) -> tuple[str, ...]:
-        return ("model_id", "enabled", "created_at", "updated_at") if obj else ()
+        # The cached input price is set with `registermodel --cached-input-price` (blank there: the input price).
+        return ("model_id", "cached_input_price_display", "enabled", "created_at", "updated_at") if obj else ()
+
+    @admin.display(description="Cached input price (credits / 1M tokens)")
+    def cached_input_price_display(self, obj: PublicModel) -> str:
+        return display_credits(obj.cached_input_price_or_input)
 
     @admin.display(description="Input price (credits / 1M tokens)", ordering="input_price")
     def input_price_display(self, obj: PublicModel) -> str:
@@ -86,6 +91,7 @@ class PublicModelAdmin(admin.ModelAdmin):
             input_price=int(data["input_price_credits"] * MICRO),
             output_price=int(data["output_price_credits"] * MICRO),
             max_output_tokens=data["max_output_tokens"],
+            media_tokens=data["media_tokens"],
             actor=request.user,
             via="admin",
         )
