@@ -307,8 +307,11 @@ def _needs(body: dict[str, Any], *, n: int, best_of: int, media_param: str, batc
     needs: dict[str, str] = {}
     for flag, name in _FEATURE_FIELDS:
         value = body.get(name)
-        if value is not None and value is not False and flag not in needs:
-            needs[flag] = name
+        if value is None or value is False or flag in needs:
+            continue
+        if name == "response_format" and value == {"type": "text"}:
+            continue  # plain text, what every worker answers
+        needs[flag] = name
     if n > 1 or best_of > 1:
         needs["n"] = "n" if n > 1 else "best_of"
     if media_param:

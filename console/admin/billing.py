@@ -42,6 +42,7 @@ class PublicModelForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.fields["media_tokens"].required = False  # blank: unchanged (0, no media parts, for a new model)
         if self.instance.pk:
             self.fields["input_price_credits"].initial = format_credits(self.instance.input_price)
             self.fields["output_price_credits"].initial = format_credits(self.instance.output_price)
