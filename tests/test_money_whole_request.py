@@ -20,6 +20,7 @@ from core.credits import MICRO
 from tests.factories import make_account, make_key, make_model, money
 from tests.servers import register_worker
 
+pytestmark = pytest.mark.sqlite  # money moves: every test runs on the embedded default's SQLite too
 MAX_OUT = 64
 
 
@@ -225,7 +226,6 @@ def test_concurrent_overruns_on_one_key_never_pass_its_budget():
 
 
 @pytest.mark.django_db
-@pytest.mark.sqlite
 class TestTheLedger:
     def test_an_overrun_is_charged_up_to_the_budget_and_the_rest_is_uncharged(self):
         account = make_account(credits=10)
