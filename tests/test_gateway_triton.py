@@ -153,7 +153,7 @@ def test_features_a_direct_triton_worker_cannot_honour_are_refused_naming_the_fi
 
 
 def test_a_mixed_pool_sends_tools_only_to_the_workers_that_honour_them(gateway_server, triton_server, simulator):
-    make_model(model_id="acme/model-1", max_output_tokens=32)
+    make_model(model_id="acme/model-1", max_output_tokens=32, media_tokens=50)
     register_worker(simulator.base_url, worker_id="sim-openai")
     register_worker(
         triton_server.url,
@@ -170,7 +170,14 @@ def test_a_mixed_pool_sends_tools_only_to_the_workers_that_honour_them(gateway_s
     for _ in range(4):
         ai.chat.completions.create(model="acme/model-1", max_tokens=3, messages=hello, tools=[tool])
         ai.chat.completions.create(model="acme/model-1", max_tokens=3, messages=hello, n=2)
+        picture: Any = [
+            {"type": "text", "text": "what is it"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        ]
+        ai.chat.completions.create(model="acme/model-1", max_tokens=3, messages=[{"role": "user", "content": picture}])
     assert set(UsageRecord.objects.values_list("worker_id", flat=True)) == {"sim-openai"}
+    assert UsageRecord.objects.count() == 12
+    ai.chat.completions.create(model="acme/model-1", max_tokens=3, messages=hello)  # plain text: either worker
     assert money(account) == (10_000_000 - sum(UsageRecord.objects.values_list("cost", flat=True)), 0)
 
 
