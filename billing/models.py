@@ -61,6 +61,8 @@ class Reservation(models.Model):
     # cannot make the settlement exceed what the customer was quoted.
     input_price = models.BigIntegerField(default=0)
     output_price = models.BigIntegerField(default=0)
+    # The price of cached prompt tokens, fixed with the others (the input price when the model has none).
+    cached_input_price = models.BigIntegerField(default=0, db_default=0)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.HELD)
     request_id = models.CharField(max_length=100, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -95,6 +97,11 @@ class UsageRecord(models.Model):
     worker_id = models.CharField(max_length=200, blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
+    # From the worker's usage.prompt_tokens_details / completion_tokens_details (0 when not reported).
+    cached_tokens = models.PositiveIntegerField(default=0, db_default=0, help_text="prompt tokens served from cache")
+    reasoning_tokens = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="completion tokens spent reasoning"
+    )
     cost = models.BigIntegerField(default=0, help_text="micro-credits charged")
     reserved = models.BigIntegerField(default=0, help_text="micro-credits that were held")
     overrun = models.BigIntegerField(default=0, help_text="micro-credits the usage cost beyond the reservation")

@@ -142,6 +142,7 @@ def _new_reservation(
         amount=amount,
         input_price=model.input_price,
         output_price=model.output_price,
+        cached_input_price=model.cached_input_price_or_input,
         request_id=request_id,
         created_at=(now := timezone.now()),
         lease_until=now + LEASE,
@@ -202,10 +203,14 @@ async def credits_reserve_async(
     return _held(reservation, await ledger().reserve_async(reservation, budget=budget))
 
 
-def _check_counts(prompt_tokens: int, completion_tokens: int) -> None:
-    for count in (prompt_tokens, completion_tokens):
+def _check_counts(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, reasoning_tokens: int = 0
+) -> None:
+    for count in (prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens):
         if type(count) is not int or not 0 <= count <= MAX_TOKEN_COUNT:
             raise InvalidAmount(f"token counts must be integers from 0 to {MAX_TOKEN_COUNT}")
+    if cached_tokens > prompt_tokens or reasoning_tokens > completion_tokens:
+        raise InvalidAmount("cached tokens are prompt tokens, reasoning tokens completion tokens: not more of them")
 
 
 def reservation_settle(
@@ -215,21 +220,27 @@ def reservation_settle(
     completion_tokens: int,
     outcome: RequestOutcome | None = None,
     status: str = UsageRecord.Status.OK,
+    cached_tokens: int = 0,
+    reasoning_tokens: int = 0,
 ) -> UsageRecord | None:
     """Charge the actual cost from authoritative usage and return the rest.
 
     Idempotent: a second call (or one after a release) charges nothing and
     returns None. One after the sweeper expired the reservation still charges
     (from available: content is never free). The charge is capped at what the
-    account can pay (the hold plus available); a cost above the reservation is
-    recorded as `overrun`, and what could not be charged as `uncharged`.
+    account can pay (the hold plus available) and at what is left of the key's
+    monthly budget beside its other running holds; a cost above the reservation
+    is recorded as `overrun`, and what could not be charged as `uncharged`.
+    `cached_tokens` (of the prompt) are priced at the reservation's cached input
+    price; `reasoning_tokens` (of the completion) are recorded only.
     """
-    _check_counts(prompt_tokens, completion_tokens)
+    _check_counts(prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)
     record = ledger().settle(
         reservation_id=reservation_id,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
-        usage=usage_fields(outcome, status=status),
+        cached_tokens=cached_tokens,
+        usage=usage_fields(outcome, status=status) | {"reasoning_tokens": reasoning_tokens},
     )
     return _notify(record, committed=False)
 
@@ -241,14 +252,17 @@ async def reservation_settle_async(
     completion_tokens: int,
     outcome: RequestOutcome | None = None,
     status: str = UsageRecord.Status.OK,
+    cached_tokens: int = 0,
+    reasoning_tokens: int = 0,
 ) -> UsageRecord | None:
     """reservation_settle for the event loop (the gateway's)."""
-    _check_counts(prompt_tokens, completion_tokens)
+    _check_counts(prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)
     record = await ledger().settle_async(
         reservation_id=reservation_id,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
-        usage=usage_fields(outcome, status=status),
+        cached_tokens=cached_tokens,
+        usage=usage_fields(outcome, status=status) | {"reasoning_tokens": reasoning_tokens},
     )
     return _notify(record, committed=True)
 

@@ -36,6 +36,14 @@ class PublicModel(models.Model):
     output_price = models.BigIntegerField(help_text="micro-credits per 1,000,000 completion tokens")
     max_output_tokens = models.PositiveIntegerField(default=4096)
     kind = models.CharField(max_length=16, choices=ModelKind.choices, default=ModelKind.ANY)
+    # Null: cached prompt tokens cost the input price (registermodel --cached-input-price).
+    cached_input_price = models.BigIntegerField(
+        null=True, blank=True, help_text="micro-credits per 1,000,000 cached prompt tokens (empty: the input price)"
+    )
+    # 0: the model takes no media content parts (registermodel --media-tokens N).
+    media_tokens = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="the most tokens one image, audio, video or file part may cost"
+    )
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
@@ -57,3 +65,7 @@ class PublicModel(models.Model):
         """Whether this model's kind serves the gateway endpoint `endpoint` (chat, embeddings, ...)."""
         allowed = KIND_ENDPOINTS.get(ModelKind(self.kind))
         return allowed is None or endpoint in allowed
+
+    @property
+    def cached_input_price_or_input(self) -> int:
+        return self.input_price if self.cached_input_price is None else self.cached_input_price

@@ -18,6 +18,8 @@ def model_register(
     output_price: int,
     max_output_tokens: int | None = None,
     kind: str | None = None,
+    cached_input_price: int | None = None,
+    media_tokens: int | None = None,
     actor: object = "",
     via: str = "",
 ) -> tuple[PublicModel, bool]:
@@ -29,6 +31,10 @@ def model_register(
         raise ValidationError({"model_id": "must not be empty"})
     if max_output_tokens is not None and max_output_tokens < 1:
         raise ValidationError({"max_output_tokens": "must be a positive integer"})
+    if media_tokens is not None and media_tokens < 0:
+        raise ValidationError({"media_tokens": "must be 0 or a positive integer"})
+    if cached_input_price is not None and cached_input_price < 0:
+        raise ValidationError({"cached_input_price": "must not be negative"})
     with transaction.atomic():
         model = PublicModel.objects.select_for_update().filter(model_id=model_id).first()
         created = model is None
@@ -41,6 +47,10 @@ def model_register(
             model.max_output_tokens = max_output_tokens
         if kind is not None:
             model.kind = kind
+        if cached_input_price is not None:
+            model.cached_input_price = cached_input_price
+        if media_tokens is not None:
+            model.media_tokens = media_tokens
         model.full_clean()
         model.save()
         if actor:
@@ -49,6 +59,8 @@ def model_register(
                 "output_price": format_credits(output_price),
                 "max_output_tokens": model.max_output_tokens,
                 "kind": model.kind,
+                "cached_input_price": format_credits(model.cached_input_price_or_input),
+                "media_tokens": model.media_tokens,
             }
             if not created:
                 detail["previous_input_price"] = format_credits(previous[0])

@@ -74,6 +74,8 @@ def usage_event(record: UsageRecord) -> dict[str, Any]:
         "error_code": record.error_code,
         "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens,
+        "cached_tokens": record.cached_tokens,
+        "reasoning_tokens": record.reasoning_tokens,
         "cost": format_credits(record.cost),
         "cost_display": display_credits(record.cost),  # as the page's rows show it (core.credits)
         "latency_ms": record.latency_ms,

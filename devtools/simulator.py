@@ -212,8 +212,12 @@ class Simulator:
             return body
         value = body.get("input")
         texts = [value] if isinstance(value, str) else value
+        if isinstance(texts, list) and texts and isinstance(texts[0], int | list):
+            # Token ids, as vLLM takes them: one token each, the ids' text for the vector.
+            batch = texts if isinstance(texts[0], list) else [texts]
+            texts = [" ".join(str(t) for t in ids) for ids in batch]
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            return _error(400, "input must be a string or an array of strings")
+            return _error(400, "input must be a string, an array of strings or token ids")
         how = _behaviour(self.behaviour, texts)
         if how.latency_ms:
             await asyncio.sleep(how.latency_ms / 1000)

@@ -71,7 +71,11 @@ def model_object(model: PublicModel) -> dict[str, object]:
         "object": "model",
         "created": int(model.created_at.timestamp()),
         "owned_by": "speedinfer",
-        "pricing": {"input": format_credits(model.input_price), "output": format_credits(model.output_price)},
+        "pricing": {
+            "input": format_credits(model.input_price),
+            "output": format_credits(model.output_price),
+            "cached_input": format_credits(model.cached_input_price_or_input),
+        },
         "max_output_tokens": model.max_output_tokens,
         "kind": model.kind,
     }

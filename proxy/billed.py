@@ -68,6 +68,7 @@ class BilledCall:
     model: PublicModel
     max_tokens: int
     prompt_bound: int
+    completion_bound: int  # max_tokens (per choice) times the choices
     clients: list[WorkerClient] = field(default_factory=list)  # the selected workers, in preference order
     reservation_id: Any = None
     worker: WorkerTarget | None = None
@@ -84,12 +85,37 @@ class BilledCall:
         max_tokens = min(params.max_tokens, cap) if params.max_tokens else cap
         if params.endpoint in (EMBEDDINGS, RERANK):
             max_tokens = 0
-        prompt_bound = prompt_token_bound(texts=params.texts, messages=len(params.messages))
-        return cls(ex=ex, params=params, key=key, model=model, max_tokens=max_tokens, prompt_bound=prompt_bound)
+        completion_bound = max_tokens * params.choices  # every choice (n, best_of) is generated and billed
+        if params.media_parts and not model.media_tokens:
+            part = params.needs.get("media", "messages")
+            raise GatewayError(
+                400,
+                "invalid_request",
+                f"'{part}' is a media part, and the model '{model.model_id}' takes no media parts",
+                param=part,
+            )
+        body_bytes = params.body_bytes if params.body_bytes >= 0 else len(orjson.dumps(params.body))
+        prompt_bound = prompt_token_bound(
+            body_bytes=body_bytes,
+            messages=len(params.messages),
+            apart_bytes=params.apart_bytes,
+            apart_tokens=params.apart_tokens,
+            media_parts=params.media_parts,
+            media_tokens=model.media_tokens,
+        )
+        return cls(
+            ex=ex,
+            params=params,
+            key=key,
+            model=model,
+            max_tokens=max_tokens,
+            prompt_bound=prompt_bound,
+            completion_bound=completion_bound,
+        )
 
     @property
     def token_bound(self) -> int:
-        return self.prompt_bound + self.max_tokens
+        return self.prompt_bound + self.completion_bound
 
     def _outcome(self) -> RequestOutcome:
         outcome = self.ex.outcome
@@ -101,7 +127,7 @@ class BilledCall:
         """Hold the bound's cost, or 402 insufficient_credits / key_budget_exceeded."""
         amount = cost_of(
             prompt_tokens=self.prompt_bound,
-            completion_tokens=self.max_tokens,
+            completion_tokens=self.completion_bound,
             input_price=self.model.input_price,
             output_price=self.model.output_price,
         )
@@ -137,6 +163,8 @@ class BilledCall:
                 reservation_id=self.reservation_id,
                 prompt_tokens=usage.prompt_tokens,
                 completion_tokens=usage.completion_tokens,
+                cached_tokens=usage.cached_tokens,
+                reasoning_tokens=usage.reasoning_tokens,
                 outcome=outcome,
                 status=status,
             )
@@ -206,7 +234,7 @@ class BilledCall:
         else:
             prompt_bytes = sum(len(t.encode()) for t in self.params.texts)
             prompt = min(self.prompt_bound, math.ceil(prompt_bytes / 4))
-            completion = min(self.max_tokens, self.delivered_chunks)
+            completion = min(self.completion_bound, self.delivered_chunks)
             await self.settle(Usage(prompt, completion), status)
         log.info(
             "request %s: client disconnected mid-stream after %d chunks", self.ex.request_id, self.delivered_chunks

@@ -5,7 +5,9 @@ settle from the worker's usage.prompt_tokens, the same failure path).
 
 from __future__ import annotations
 
-from proxy.payloads import invalid, parse_body
+import orjson
+
+from proxy.payloads import MEDIA_PARTS, invalid, parse_body
 from runtimes.request import EMBEDDINGS, CompletionParams
 
 ENCODING_FORMATS = ("float", "base64")
@@ -16,12 +18,38 @@ def parse_embeddings(raw: bytes) -> CompletionParams:
     """The body of POST /v1/embeddings, or a 400 naming the field."""
     body, model = parse_body(raw)
     value = body.get("input")
-    texts = [value] if isinstance(value, str) else value
-    # Token-array inputs would need the worker's tokenizer to bound the reservation: refused.
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise invalid("'input' must be a string or a non-empty array of strings", "input")
-    if len(texts) > MAX_INPUTS:
-        raise invalid(f"'input' may hold at most {MAX_INPUTS} strings", "input")
+    apart_bytes = apart_tokens = 0
+    texts: list[str] = []
+    if isinstance(value, str):
+        texts = [value]
+    elif isinstance(value, list) and value and all(isinstance(t, str) for t in value):
+        texts = value
+    elif isinstance(value, list) and value and isinstance(value[0], int | list):
+        # Token ids: one prompt token each in the bound (docs/billing.md).
+        batch = value if isinstance(value[0], list) else [value]
+        for i, ids in enumerate(batch):
+            param = f"input[{i}]" if batch is value else "input"
+            if not isinstance(ids, list) or not ids:
+                raise invalid(f"'{param}' must be a non-empty array of token ids", param)
+            for j, token in enumerate(ids):
+                if type(token) is not int or token < 0:
+                    raise invalid(f"'{param}[{j}]' must be a token id (a non-negative integer)", f"{param}[{j}]")
+            apart_tokens += len(ids)
+        apart_bytes = len(orjson.dumps(value))
+    else:
+        for i, item in enumerate(value if isinstance(value, list) else []):
+            if isinstance(item, dict) and item.get("type") in MEDIA_PARTS:
+                raise invalid(f"'input[{i}]' is a media part: embeddings take text or token ids", f"input[{i}]")
+        raise invalid(
+            "'input' must be a string, a non-empty array of strings, an array of token ids "
+            "or an array of arrays of token ids",
+            "input",
+        )
+    inputs = len(value) if isinstance(value, list) and apart_tokens == 0 else 1
+    if isinstance(value, list) and value and isinstance(value[0], list):
+        inputs = len(value)
+    if inputs > MAX_INPUTS:
+        raise invalid(f"'input' may hold at most {MAX_INPUTS} inputs", "input")
     if any(not t for t in texts):
         raise invalid("'input' must not hold empty strings", "input")
     encoding = body.get("encoding_format")
@@ -42,4 +70,8 @@ def parse_embeddings(raw: bytes) -> CompletionParams:
         texts=texts,
         messages=[],
         prompt="",
+        body_bytes=len(raw),
+        apart_bytes=apart_bytes,
+        apart_tokens=apart_tokens,
+        needs={"prompt_arrays": "input"} if apart_tokens else {},
     )

@@ -12,8 +12,15 @@ from typing import Any
 
 import orjson
 
+from billing.pricing import PER_REQUEST_TOKEN_ALLOWANCE
 from proxy.errors import GatewayError
 from runtimes.request import CHAT, CompletionParams
+
+# Content parts a runtime reads as media, not text: accepted only for a model registered with
+# --media-tokens N, and reserved at N each (never by their base64 length).
+MEDIA_PARTS = frozenset({"image_url", "input_audio", "video_url", "file"})
+MAX_CHOICES = 16  # n and best_of
+MAX_PROMPTS = 128  # /v1/completions prompts in one request
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 # orjson parses 1024 levels of nesting but serialises only 254, and the body is
@@ -81,7 +88,49 @@ def _exactly_one(body: dict[str, Any], name: str) -> None:
         raise invalid(f"'{name}' must be 1: one choice per request", name)
 
 
-def _message_texts(messages: Any) -> list[str]:
+def _choices(body: dict[str, Any], name: str) -> int:
+    # `true == 1` in Python, so a boolean must be refused before comparing.
+    value = body.get(name)
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHOICES:
+        raise invalid(f"'{name}' must be an integer from 1 to {MAX_CHOICES}", name)
+    return value
+
+
+class _Apart:
+    """What the prompt bound counts apart from the body's bytes (billing.pricing.prompt_token_bound)."""
+
+    __slots__ = ("bytes", "tokens", "media", "media_param")
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.tokens = 0
+        self.media = 0
+        self.media_param = ""
+
+    def add_media(self, part: dict[str, Any], param: str) -> None:
+        self.bytes += len(orjson.dumps(part))
+        self.media += 1
+        self.media_param = self.media_param or param
+
+    def add_token_ids(self, value: list[Any]) -> None:
+        self.bytes += len(orjson.dumps(value))
+        self.tokens += len(value)
+
+
+def _token_ids(value: Any, param: str) -> bool:
+    """Whether `value` is a non-empty array of token ids (non-negative integers); a 400 naming the
+    field for an array of numbers that are not all such ids."""
+    if not isinstance(value, list) or not value or isinstance(value[0], str | list | dict):
+        return False
+    for i, token in enumerate(value):
+        if type(token) is not int or token < 0:
+            raise invalid(f"'{param}[{i}]' must be a token id (a non-negative integer)", f"{param}[{i}]")
+    return True
+
+
+def _message_texts(messages: Any, apart: _Apart) -> list[str]:
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' must be a non-empty array", "messages")
     texts: list[str] = []
@@ -97,14 +146,22 @@ def _message_texts(messages: Any) -> list[str]:
             texts.append(content)
         elif isinstance(content, list):
             for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise invalid(f"'{param}.content[{j}]' must be a text part", f"{param}.content")
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind in MEDIA_PARTS and isinstance(part, dict) and isinstance(part.get(kind), dict | str):
+                    apart.add_media(part, f"{param}.content[{j}]")
+                    continue
+                if not isinstance(part, dict) or kind != "text" or not isinstance(part.get("text"), str):
+                    raise invalid(
+                        f"'{param}.content[{j}]' must be a text part or a media part "
+                        f"({', '.join(sorted(MEDIA_PARTS))})",
+                        f"{param}.content[{j}]",
+                    )
                 texts.append(part["text"])
         elif content is None:
             if role != "assistant":
                 raise invalid(f"'{param}.content' is required", f"{param}.content")
         else:
-            raise invalid(f"'{param}.content' must be a string or an array of text parts", f"{param}.content")
+            raise invalid(f"'{param}.content' must be a string or an array of content parts", f"{param}.content")
         for extra in ("name", "tool_calls", "function_call", "tool_call_id"):
             if message.get(extra) is not None:
                 value = message[extra]
@@ -131,23 +188,16 @@ def parse_completion(raw: bytes, *, endpoint: str) -> CompletionParams:
     """The body of POST /v1/chat/completions or /v1/completions, or a 400 naming the field."""
     body, model = parse_body(raw)
 
+    apart = _Apart()
     messages: list[dict[str, Any]] = []
     prompt = ""
+    prompts = 1
     if endpoint == CHAT:
         messages = body.get("messages")  # type: ignore[assignment]
-        texts = _message_texts(messages)
-        # Tool and format definitions are part of what the runtime reads as prompt.
-        for extra in ("tools", "functions", "response_format"):
-            if body.get(extra) is not None:
-                texts.append(orjson.dumps(body[extra]).decode())
+        texts = _message_texts(messages, apart)
     else:
-        value = body.get("prompt")
-        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
-            value = value[0]
-        if not isinstance(value, str):
-            raise invalid("'prompt' must be a string (one prompt per request)", "prompt")
-        prompt = value
-        texts = [prompt]
+        texts, prompts = _prompts(body.get("prompt"), apart)
+        prompt = texts[0] if len(texts) == 1 and prompts == 1 else ""
         if body.get("suffix") is not None:
             if not isinstance(body["suffix"], str):
                 raise invalid("'suffix' must be a string", "suffix")
@@ -172,8 +222,14 @@ def parse_completion(raw: bytes, *, endpoint: str) -> CompletionParams:
         newer = _positive_int(body, "max_completion_tokens")
         if newer is not None:
             max_tokens = newer
-    _exactly_one(body, "n")
-    _exactly_one(body, "best_of")
+    n = _choices(body, "n")
+    if endpoint == CHAT:
+        _exactly_one(body, "best_of")
+        best_of = 1
+    else:
+        best_of = _choices(body, "best_of")
+        if body.get("best_of") is not None and best_of < n:
+            raise invalid("'best_of' must be at least 'n'", "best_of")
     _number(body, "temperature", 0, 2)
     _number(body, "top_p", 0, 1)
     _number(body, "presence_penalty", -2, 2)
@@ -194,4 +250,72 @@ def parse_completion(raw: bytes, *, endpoint: str) -> CompletionParams:
         texts=texts,
         messages=messages,
         prompt=prompt,
+        body_bytes=len(raw),
+        apart_bytes=apart.bytes,
+        # Each further prompt of a batch is a sequence of its own (its BOS, its template).
+        apart_tokens=apart.tokens + (prompts - 1) * PER_REQUEST_TOKEN_ALLOWANCE,
+        media_parts=apart.media,
+        choices=max(n, best_of) * prompts,  # each prompt of a batch gets its own choices
+        needs=_needs(
+            body,
+            n=n,
+            best_of=best_of,
+            media_param=apart.media_param,
+            batch=endpoint != CHAT and (prompts > 1 or not texts),
+        ),
     )
+
+
+def _prompts(value: Any, apart: _Apart) -> tuple[list[str], int]:
+    """/v1/completions `prompt`: a string, an array of strings, an array of token ids, or an array of
+    arrays of token ids (up to MAX_PROMPTS). Its texts (for the disconnect estimate) and how many."""
+    if isinstance(value, str):
+        return [value], 1
+    if _token_ids(value, "prompt"):
+        apart.add_token_ids(value)
+        return [], 1
+    if not isinstance(value, list) or not value:
+        raise invalid(
+            "'prompt' must be a string, an array of strings, an array of token ids or an array of arrays of token ids",
+            "prompt",
+        )
+    if len(value) > MAX_PROMPTS:
+        raise invalid(f"'prompt' may hold at most {MAX_PROMPTS} prompts", "prompt")
+    if all(isinstance(p, str) for p in value):
+        return list(value), len(value)
+    for i, ids in enumerate(value):
+        if not _token_ids(ids, f"prompt[{i}]"):
+            raise invalid(f"'prompt[{i}]' must be an array of token ids like the others", f"prompt[{i}]")
+        apart.add_token_ids(ids)
+    return [], len(value)
+
+
+# What a request asks of its worker beyond plain text, by Capabilities flag: (flag, the field that asks it).
+_FEATURE_FIELDS = (
+    ("tools", "tools"),
+    ("tools", "tool_choice"),
+    ("tools", "functions"),
+    ("response_format", "response_format"),
+    ("logprobs", "logprobs"),
+    ("logprobs", "top_logprobs"),
+)
+
+
+def _needs(body: dict[str, Any], *, n: int, best_of: int, media_param: str, batch: bool) -> dict[str, str]:
+    """The Capabilities flags a worker must have to honour this request, each with the field asking it
+    (docs/interface.md: silent drops are refused)."""
+    needs: dict[str, str] = {}
+    for flag, name in _FEATURE_FIELDS:
+        value = body.get(name)
+        if value is None or value is False or flag in needs:
+            continue
+        if name == "response_format" and value == {"type": "text"}:
+            continue  # plain text, what every worker answers
+        needs[flag] = name
+    if n > 1 or best_of > 1:
+        needs["n"] = "n" if n > 1 else "best_of"
+    if media_param:
+        needs["media"] = media_param
+    if batch:
+        needs["prompt_arrays"] = "prompt"
+    return needs

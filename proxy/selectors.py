@@ -46,6 +46,8 @@ def usage_page(*, key: KeyInfo, limit: int, after: int | None) -> dict[str, Any]
             "prompt_tokens": r.prompt_tokens,
             "completion_tokens": r.completion_tokens,
             "total_tokens": r.prompt_tokens + r.completion_tokens,
+            "cached_tokens": r.cached_tokens,
+            "reasoning_tokens": r.reasoning_tokens,
             "cost": format_credits(r.cost),
             "reserved": format_credits(r.reserved),
             "status": r.status,

@@ -31,6 +31,8 @@ async def select(params: CompletionParams) -> list[WorkerClient]:
     clients = [client_for(w) for w in await routing.eligible_workers(params.model)]
     if params.endpoint == RESPONSES:
         clients = _responses_clients(params, clients)
+    if params.needs:
+        clients = await _honouring(params, clients)
     if params.stream:
         streamable = [c for c in clients if c.capabilities.streams]
         if not streamable:
@@ -71,6 +73,31 @@ def _responses_clients(params: CompletionParams, clients: list[WorkerClient]) ->
                     param=param,
                 )
     return clients
+
+
+async def _honouring(params: CompletionParams, clients: list[WorkerClient]) -> list[WorkerClient]:
+    """The clients whose Capabilities honour every feature the request uses (tools, response_format,
+    n, logprobs, media parts); a 400 naming the field when none of the model's workers does
+    (docs/interface.md: silent drops are refused), judged on the eligible workers, else on every
+    worker declaring the model (all of them unhealthy: a 503 then, not a 400)."""
+
+    def able(client: WorkerClient) -> bool:
+        return all(getattr(client.capabilities, flag) for flag in params.needs)
+
+    honouring = [c for c in clients if able(c)]
+    if honouring:
+        return honouring
+    declared = clients or [client_for(w) for w in await routing.model_workers_async(params.model)]
+    if declared and not any(able(c) for c in declared):
+        missing = [f for f in params.needs if not any(getattr(c.capabilities, f) for c in declared)]
+        field = params.needs[(missing or list(params.needs))[0]]
+        raise GatewayError(
+            400,
+            "invalid_request",
+            f"'{field}' is not supported by the workers serving the model '{params.model}'",
+            param=field,
+        )
+    return honouring
 
 
 async def forward_once(call: BilledCall, client: WorkerClient) -> Answer:

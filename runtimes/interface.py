@@ -58,6 +58,7 @@ class Capabilities:
     media: bool = False  # image / audio content parts in chat messages
     n: bool = False  # n > 1 choices
     logprobs: bool = False  # logprobs / top_logprobs
+    prompt_arrays: bool = False  # a batch of prompts, or token ids (completions' prompt, embeddings' input)
     responses: bool = False  # the Responses API (POST /v1/responses)
     rerank: bool = False  # POST /v1/rerank
 

@@ -239,6 +239,7 @@ class OpenAIClient(WorkerClient):
             media=True,
             n=True,
             logprobs=True,
+            prompt_arrays=True,
             responses=worker.runtime_config.get("responses") is True,
             rerank=True,
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 CHAT = "chat"
@@ -38,12 +38,32 @@ class CompletionParams:
     # The W3C traceparent the worker is sent (the gateway's worker-call span), "" for none. A transport
     # puts it in its request's headers, so a worker that traces joins the request's trace.
     traceparent: str = ""
+    # The prompt bound's inputs (billing.pricing.prompt_token_bound): the body's size as received,
+    # and what is counted apart from its bytes (token-id prompts by their count, media parts by the
+    # model's allowance) with the compact JSON size of those values, taken off the body's size.
+    body_bytes: int = -1  # -1: not known (a body built by the gateway), measured from `body` when billed
+    apart_bytes: int = 0
+    apart_tokens: int = 0
+    media_parts: int = 0
+    choices: int = 1  # completions generated: max(n, best_of), times the prompts of a batch
+    # Capabilities flags the worker must have (tools, response_format, n, logprobs, media), each with
+    # the request field that asks for it: the gateway routes and refuses by them.
+    needs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # of the prompt tokens, served from the runtime's prefix cache
+    reasoning_tokens: int = 0  # of the completion tokens, spent reasoning
+
+
+def _detail(data: dict[str, Any], details: str, name: str, most: int) -> int:
+    """A count in usage.<details>.<name>; 0 when absent or not believable (above `most`, its total)."""
+    section = data.get(details)
+    value = section.get(name) if isinstance(section, dict) else None
+    return value if is_token_count(value) and value <= most else 0
 
 
 def usage_from(data: Any) -> Usage | None:
@@ -53,7 +73,12 @@ def usage_from(data: Any) -> Usage | None:
     prompt, completion = data.get("prompt_tokens"), data.get("completion_tokens")
     if not is_token_count(prompt) or not is_token_count(completion):
         return None
-    return Usage(prompt, completion)
+    return Usage(
+        prompt,
+        completion,
+        cached_tokens=_detail(data, "prompt_tokens_details", "cached_tokens", prompt),
+        reasoning_tokens=_detail(data, "completion_tokens_details", "reasoning_tokens", completion),
+    )
 
 
 def is_token_count(value: Any) -> TypeGuard[int]:

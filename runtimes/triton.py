@@ -42,6 +42,7 @@ class TritonResult:
     text: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
 
 
 def _error_text(response: httpx.Response) -> str:
@@ -181,6 +182,8 @@ def infer_request(*, config: dict[str, Any], prompt: str, max_tokens: int) -> di
         config["prompt_tokens_output_name"],
         config["completion_tokens_output_name"],
     ]
+    if config.get("cached_tokens_output_name"):
+        outputs.append(config["cached_tokens_output_name"])
     return {
         "inputs": [
             {"name": config["input_name"], "shape": [1, 1], "datatype": "BYTES", "data": [[prompt]]},
@@ -230,7 +233,15 @@ async def triton_infer(*, worker: WorkerTarget, prompt: str, max_tokens: int, tr
     text = _text(_flat(text_output.get("data")))
     prompt_tokens = _count(outputs, config["prompt_tokens_output_name"])
     completion_tokens = _count(outputs, config["completion_tokens_output_name"])
-    return TritonResult(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+    cached_name = config.get("cached_tokens_output_name")
+    # Cached tokens are part of the prompt: a count above it is not believed (charged as uncached).
+    cached = _count(outputs, cached_name) if cached_name else 0
+    return TritonResult(
+        text=text,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cached_tokens=cached if cached <= prompt_tokens else 0,
+    )
 
 
 def _content(content: Any) -> str:
@@ -281,7 +292,7 @@ def completion_answer(
     *, params: CompletionParams, result: TritonResult, max_tokens: int
 ) -> tuple[dict[str, Any], Usage]:
     """A Triton result as OpenAI's chat.completion or text_completion object, and its usage."""
-    usage = Usage(result.prompt_tokens, result.completion_tokens)
+    usage = Usage(result.prompt_tokens, result.completion_tokens, cached_tokens=result.cached_tokens)
     finish = "length" if usage.completion_tokens >= max_tokens else "stop"
     suffix = uuid.uuid4().hex[:24]
     if params.endpoint == CHAT:

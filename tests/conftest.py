@@ -9,7 +9,7 @@ from core import state
 
 # The real Triton server fixtures (triton_server, triton_factory), the gateway and simulator, and the shared
 # personas and worlds (tests/fixtures.py: staff, make_world, world).
-pytest_plugins = ["tests.triton_server", "tests.servers", "tests.fixtures"]
+pytest_plugins = ["tests.triton_server", "tests.servers", "tests.fixtures", "tests.vllm_like"]
 
 
 class _QuietAbandonedLoops(logging.Filter):

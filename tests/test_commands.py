@@ -108,6 +108,20 @@ def test_registermodel_creates_then_updates():
         run("registermodel", "x", "--input-price", "-1", "--output-price", "1")
 
 
+def test_registermodel_takes_a_cached_input_price_and_a_media_allowance():
+    out = run("registermodel", "acme/vlm", "--input-price", "1", "--output-price", "2", "--media-tokens", "1500")
+    model = PublicModel.objects.get(model_id="acme/vlm")
+    assert (model.media_tokens, model.cached_input_price, model.cached_input_price_or_input) == (1500, None, 1_000_000)
+    assert "acme/vlm" in out
+    run("registermodel", "acme/vlm", "--input-price", "1", "--output-price", "2", "--cached-input-price", "0.1")
+    model.refresh_from_db()
+    assert (model.media_tokens, model.cached_input_price) == (1500, 100_000)  # an update keeps what it is not given
+    with pytest.raises(CommandError, match="cached-input-price"):
+        run("registermodel", "acme/vlm", "--input-price", "1", "--output-price", "2", "--cached-input-price", "-1")
+    with pytest.raises(CommandError, match="media_tokens"):
+        run("registermodel", "acme/vlm", "--input-price", "1", "--output-price", "2", "--media-tokens", "-5")
+
+
 def test_bad_input_exits_1_with_one_line_and_no_traceback(subprocess_env):
     env = subprocess_env
     proc = subprocess.run(

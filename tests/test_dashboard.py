@@ -293,3 +293,18 @@ def test_login_error_speaks_of_the_email_address(owner_account):
         b"email address and password do not match" in page.content
         and b"username" not in page.content.lower().split(b"<form")[0]
     )
+
+
+def test_cached_and_reasoning_tokens_show_on_the_dashboard_and_in_the_csv(owner, owner_account, model):
+    reservation = credits_reserve(account_id=owner_account.pk, amount=MICRO, model=model, request_id="cached-1")
+    reservation_settle(
+        reservation_id=reservation.pk,
+        prompt_tokens=1000,
+        completion_tokens=500,
+        cached_tokens=800,
+        reasoning_tokens=300,
+    )
+    page = owner.get("/dashboard/").content.decode()
+    assert "800 cached" in page and "300 reasoning" in page
+    rows = list(csv.DictReader(io.StringIO(b"".join(owner.get("/dashboard/usage.csv").streaming_content).decode())))
+    assert (rows[0]["cached_tokens"], rows[0]["reasoning_tokens"]) == ("800", "300")

@@ -57,12 +57,23 @@ def test_embeddings_float_and_base64_through_the_sdk_charged_at_the_input_price(
     assert [row["endpoint"] for row in usage["data"]] == ["/v1/embeddings", "/v1/embeddings"]
 
 
+def test_token_id_inputs_count_one_prompt_token_each(world, simulator):
+    ai: openai.OpenAI = world["ai"]
+    answer = ai.embeddings.create(model="acme/model-1", input=[[101, 2023, 2003], [101, 7592]], encoding_format="float")
+    assert len(answer.data) == 2 and answer.usage.prompt_tokens == 5
+    record = UsageRecord.objects.get()
+    assert record.cost == 15  # 5 tokens at 3 credits per 1M
+    body = simulator.simulator.stats.requests[-1]["body"]
+    assert body["input"] == [[101, 2023, 2003], [101, 7592]]  # forwarded as sent
+    assert available(world) == 10 * MICRO - 15 and not Reservation.objects.filter(status="held").exists()
+
+
 def test_embeddings_refusals(world, simulator):
     ai: openai.OpenAI = world["ai"]
-    for bad in ([], [1, 2, 3], [""], None):
+    for bad in ([], [""], None, [1.5, 2], [[1, 2], "a"]):
         with pytest.raises(openai.BadRequestError) as info:
             ai.embeddings.create(model="acme/model-1", input=bad)  # type: ignore[arg-type]
-        assert info.value.body["param"] == "input"  # type: ignore[index]
+        assert info.value.body["param"].startswith("input")  # type: ignore[index]
     with pytest.raises(openai.BadRequestError):
         ai.embeddings.create(model="acme/model-1", input="hi", encoding_format="int8")  # type: ignore[arg-type]
     with pytest.raises(openai.NotFoundError):
@@ -86,7 +97,7 @@ def test_models_retrieve_with_pricing_and_cap(world):
     model = ai.models.retrieve("acme/model-1")  # the SDK sends acme%2Fmodel-1
     assert model.id == "acme/model-1"
     extra: dict[str, Any] = model.model_extra or {}
-    assert extra["pricing"] == {"input": "3.000000", "output": "5.000000"}
+    assert extra["pricing"] == {"input": "3.000000", "output": "5.000000", "cached_input": "3.000000"}
     assert extra["max_output_tokens"] == 64
     literal = httpx.get(
         world["url"] + "/v1/models/acme/model-1", headers={"Authorization": f"Bearer {world['secret']}"}

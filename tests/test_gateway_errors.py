@@ -117,26 +117,28 @@ def test_402_insufficient_credits(world):
     poor = make_account(name="poor")
     secret = make_key(account=poor).secret
     error = refused({**world, "account": poor}, chat(world, secret), 402, "insufficient_credits")
-    # What was needed (37 prompt-bound tokens at 1 + 64 output tokens at 2 per 1M) and what there is, in credits.
-    assert "needs 0.000165 credits" in error.body["message"]  # type: ignore[index]
+    # What was needed (103 prompt-bound tokens at 1 + 64 output tokens at 2 per 1M) and what there is, in
+    # credits; the prompt bound is the SDK's 71-byte body + 16 for the message + 16 (docs/billing.md, The bound).
+    assert "needs 0.000231 credits" in error.body["message"]  # type: ignore[index]
     assert "0.000000 available" in error.body["message"]  # type: ignore[index]
     assert UsageRecord.objects.count() == 0
 
 
 def test_402_key_budget_exceeded_is_distinct_and_spent_shows_in_v1_key(world):
-    # A full request holds 0.000165 credits (37 prompt-bound tokens at 1, 64 output tokens at 2 per 1M).
+    # A full request holds 0.000231 credits (103 prompt-bound tokens at 1, 64 output tokens at 2 per 1M).
     capped = make_key(account=world["account"], name="ci", monthly_budget=160).secret
     error = refused(world, chat(world, capped), 402, "key_budget_exceeded")  # the account has 10 credits
     # What the request needed and what is left of the budget, in credits (as insufficient_credits says).
-    assert "needs 0.000165 credits reserved; 0.000160 left of the key's monthly budget" in error.body["message"]  # type: ignore[index]
+    assert "needs 0.000231 credits reserved; 0.000160 left of the key's monthly budget" in error.body["message"]  # type: ignore[index]
     sdk(world, secret=capped).chat.completions.create(model="acme/model-1", messages=HELLO, max_tokens=1)
     body = httpx.get(world["url"] + "/v1/key", headers={"Authorization": f"Bearer {capped}"}).json()
     budget = body["data"]["budget"]
     cost = UsageRecord.objects.get().cost
     assert cost >= 2 and budget["limit"] == "0.000160" and budget["spent"] == f"0.{cost:06d}"
     assert budget["resets_at"].endswith("-01T00:00:00Z")
-    # A 0.000159 hold fits the budget alone, but not on top of what was spent this month.
-    error = refused(world, chat(world, capped, max_tokens=61), 402, "key_budget_exceeded")
+    # A 0.000159 hold (an 87-byte body: 119 prompt-bound tokens, 20 output at 2) fits the budget alone, but
+    # not on top of what was spent this month.
+    error = refused(world, chat(world, capped, max_tokens=20), 402, "key_budget_exceeded")
     assert f"needs 0.000159 credits reserved; 0.{160 - cost:06d} left" in error.body["message"]  # type: ignore[index]
 
 

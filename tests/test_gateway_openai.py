@@ -46,9 +46,9 @@ def test_chat_completion_is_answered_and_settled_from_the_workers_usage(world, s
     # Without max_tokens the model's cap was reserved and sent upstream.
     sent = simulator.simulator.stats.requests[-1]
     assert sent["body"]["max_tokens"] == 64
-    assert Reservation.objects.get().amount == -(
-        -((len(b"say hello to me [sim deltas=5]") + 32) * MICRO + 64 * 2 * MICRO) // 1_000_000
-    )
+    # The prompt bound is the body the SDK sent (docs/billing.md, The bound) + 16 for the message + 16.
+    body = b'{"messages":[{"role":"user","content":"say hello to me [sim deltas=5]"}],"model":"acme/model-1"}'
+    assert Reservation.objects.get().amount == -(-((len(body) + 32) * MICRO + 64 * 2 * MICRO) // 1_000_000)
 
 
 def test_max_tokens_is_capped_and_the_public_model_is_mapped_for_the_worker(world, simulator):

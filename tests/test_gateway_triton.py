@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -113,3 +114,92 @@ def test_a_stream_goes_only_to_the_workers_whose_capabilities_say_they_stream(ga
         ai.chat.completions.create(model="acme/model-1", stream=True, messages=hello)
     assert (info.value.status_code, info.value.body["code"]) == (400, "streaming_unsupported")  # type: ignore[index]
     assert money(account) == (10_000_000 - sum(UsageRecord.objects.values_list("cost", flat=True)), 0)
+
+
+def test_features_a_direct_triton_worker_cannot_honour_are_refused_naming_the_field(world):
+    """docs/interface.md, silent drops are refused: never a 200 that ignored the field; nothing held."""
+    hello: Any = [{"role": "user", "content": "hi"}]
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        ("/v1/chat/completions", {"messages": hello, "tools": [tool]}, "tools"),
+        ("/v1/chat/completions", {"messages": hello, "response_format": {"type": "json_object"}}, "response_format"),
+        ("/v1/chat/completions", {"messages": hello, "n": 2}, "n"),
+        ("/v1/chat/completions", {"messages": hello, "logprobs": True}, "logprobs"),
+        ("/v1/completions", {"prompt": "hi", "best_of": 2}, "best_of"),
+        ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
+        ("/v1/completions", {"prompt": [1, 2, 3]}, "prompt"),
+    ]
+    from catalog.models import PublicModel
+
+    PublicModel.objects.filter(model_id="acme/tri").update(media_tokens=100)  # the model takes media...
+    media: Any = {"messages": [{"role": "user", "content": [image]}]}
+    cases.append(("/v1/chat/completions", media, "messages[0].content[0]"))
+    from catalog import cache as catalog
+
+    catalog.forget()
+    for path, body, param in cases:
+        response = httpx.post(
+            world["url"] + path,
+            json={"model": "acme/tri", **body},
+            headers={"Authorization": f"Bearer {world['secret']}"},
+            timeout=30,
+        )
+        assert response.status_code == 400, (body, response.text)
+        error = response.json()["error"]
+        assert (error["code"], error["param"]) == ("invalid_request", param), body
+    # ... but its only worker, a direct Triton one, cannot be sent them (Capabilities.media).
+    assert money(world["account"]) == (10_000_000, 0) and not Reservation.objects.exists()
+
+
+def test_a_mixed_pool_sends_tools_only_to_the_workers_that_honour_them(gateway_server, triton_server, simulator):
+    make_model(model_id="acme/model-1", max_output_tokens=32, media_tokens=50)
+    register_worker(simulator.base_url, worker_id="sim-openai")
+    register_worker(
+        triton_server.url,
+        worker_id="triton-direct",
+        runtime="triton",
+        models=("acme/model-1",),
+        model_name="text_generation",
+        **NAMES,
+    )
+    account = make_account(name="mixed-tools", credits=10)
+    ai = openai.OpenAI(base_url=gateway_server.url + "/v1", api_key=make_key(account=account).secret, max_retries=0)
+    hello: Any = [{"role": "user", "content": "hello"}]
+    tool: Any = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    for _ in range(4):
+        ai.chat.completions.create(model="acme/model-1", max_tokens=3, messages=hello, tools=[tool])
+        ai.chat.completions.create(model="acme/model-1", max_tokens=3, messages=hello, n=2)
+        picture: Any = [
+            {"type": "text", "text": "what is it"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        ]
+        ai.chat.completions.create(model="acme/model-1", max_tokens=3, messages=[{"role": "user", "content": picture}])
+    assert set(UsageRecord.objects.values_list("worker_id", flat=True)) == {"sim-openai"}
+    assert UsageRecord.objects.count() == 12
+    ai.chat.completions.create(model="acme/model-1", max_tokens=3, messages=hello)  # plain text: either worker
+    assert money(account) == (10_000_000 - sum(UsageRecord.objects.values_list("cost", flat=True)), 0)
+
+
+def test_a_triton_worker_reports_cached_tokens_through_its_output_name(gateway_server, triton_server):
+    # The test model has no cache; its prompt-count output stands in for one (every prompt token cached).
+    make_model(model_id="acme/tri-cached", max_output_tokens=32, cached_input_price=0)
+    register_worker(
+        triton_server.url,
+        worker_id="triton-cached",
+        runtime="triton",
+        models=("acme/tri-cached",),
+        model_name="text_generation",
+        cached_tokens_output_name="prompt_tokens",
+        **NAMES,
+    )
+    account = make_account(name="triton-cached", credits=10)
+    ai = openai.OpenAI(base_url=gateway_server.url + "/v1", api_key=make_key(account=account).secret, max_retries=0)
+    ai.chat.completions.create(
+        model="acme/tri-cached", max_tokens=3, messages=[{"role": "user", "content": "one two three four five"}]
+    )
+    record = UsageRecord.objects.get()
+    assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (7, 7, 3)
+    # (7 - 7) x 1 + 7 x 0 + 3 x 2 credits per 1M tokens: the cached prompt is free on this model.
+    assert record.cost == 6
+    assert money(account) == (10_000_000 - 6, 0)

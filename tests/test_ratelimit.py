@@ -60,20 +60,20 @@ def test_requests_per_minute(world, backend):
 
 
 def test_tokens_per_minute_count_actual_usage(world, backend):
-    ai = sdk(world, tpm=150)
-    # Each request is admitted on its bound: prompt bound (17 bytes + 16 + 16) plus max_tokens 50 = 99;
-    # then the unused part comes back ("hi [sim deltas=2]" uses 3 + 2 tokens), so five fit in 150.
+    ai = sdk(world, tpm=230)
+    # Each request is admitted on its bound: prompt bound (the SDK's 99-byte body + 16 + 16) plus max_tokens
+    # 50 = 181; then the unused part comes back ("hi [sim deltas=2]" uses 3 + 2 tokens), so five fit in 230.
     for _ in range(5):
         raw = ai.chat.completions.with_raw_response.create(model="acme/model-1", messages=HI, max_tokens=50)
-        assert raw.headers["x-ratelimit-limit-tokens"] == "150"
-    # A request that really uses 52 tokens leaves too little for another bound of 99.
+        assert raw.headers["x-ratelimit-limit-tokens"] == "230"
+    # A request that really uses 52 tokens (admitted on its bound of 179) leaves too little for another 181.
     ai.chat.completions.create(
         model="acme/model-1", messages=[{"role": "user", "content": "[sim deltas=50]"}], max_tokens=50
     )
     with pytest.raises(openai.RateLimitError) as info:
         ai.chat.completions.create(model="acme/model-1", messages=HI, max_tokens=50)
     assert int(info.value.response.headers["retry-after"]) >= 1
-    assert int(info.value.response.headers["x-ratelimit-remaining-tokens"]) < 99
+    assert int(info.value.response.headers["x-ratelimit-remaining-tokens"]) < 181
 
 
 def test_a_key_without_limits_is_never_limited_and_gets_no_rate_limit_headers(world, backend):

@@ -113,6 +113,8 @@ BAD = [
     (_triton(runtime_config={"model_name": None}), "runtime_config.model_name"),
     (_triton(runtime_config={"input_name": ""}), "runtime_config.input_name"),
     (_triton(runtime_config={"completion_tokens_output_name": None}), "runtime_config.completion_tokens_output_name"),
+    (_triton(runtime_config={"cached_tokens_output_name": 3}), "runtime_config.cached_tokens_output_name"),
+    (_triton(runtime_config={"cached_tokens_output_name": ""}), "runtime_config.cached_tokens_output_name"),
     (_triton(runtime_config={"transport": "openai"}), "runtime_config.transport"),
     (json.loads(SPEC_TRTLLM_OPENAI) | {"runtime_config": {}}, "runtime_config.transport: is required"),
     (json.loads(SPEC_TRTLLM_OPENAI) | {"runtime_config": {"transport": "grpc"}}, "unknown transport 'grpc'"),

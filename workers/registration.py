@@ -173,6 +173,9 @@ def _check_config(config: dict[str, Any], *, transport: str, models: list[str]) 
         if embeddings is None or any(config.get(name) is not None for name in TRITON_NAMES):
             for name in TRITON_NAMES:
                 _nonempty_str(config.get(name), f"runtime_config.{name}")
+        if config.get("cached_tokens_output_name") is not None:
+            # Optional: the output holding how many prompt tokens the runtime served from its cache.
+            _nonempty_str(config["cached_tokens_output_name"], "runtime_config.cached_tokens_output_name")
         _check_chat_template(config.get("chat_template"))
         if embeddings is not None:
             _check_embeddings(embeddings)

@@ -4,8 +4,9 @@ billing.services is the only caller: it builds the reservation, checks the token
 refusal into InsufficientCredits or KeyBudgetExceeded and notifies usage listeners; a `Ledger` moves
 the money. Every implementation keeps the same rules: available never below zero (a conditional
 UPDATE or a row lock decides), a key's monthly budget decided in the reservation's own transaction,
-a settle's charge capped at what the account can pay (the rest recorded as `uncharged`, a cost above
-the hold as `overrun`), a late settle after the sweeper's expiry still charged (from available),
+a settle's charge capped at what the account can pay and at what is left of the key's monthly budget
+beside its other running holds (the rest recorded as `uncharged`, a cost above the hold as
+`overrun`), a late settle after the sweeper's expiry still charged (from available),
 every close claimed exactly once (a second settle or release charges nothing), the ledger row
 written with the balances after, and no network I/O inside a transaction. The CHECK constraints in
 billing.models back these up.
@@ -66,12 +67,26 @@ class Ledger(Protocol):
     async def reserve_async(self, reservation: Reservation, *, budget: int | None) -> ReserveResult: ...
 
     def settle(
-        self, *, reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+        self,
+        *,
+        reservation_id: UUID | str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        usage: dict[str, Any],
+        cached_tokens: int = 0,
     ) -> UsageRecord | None:
-        """Charge the counts' cost (capped at what the account can pay) and return the rest of the hold."""
+        """Charge the counts' cost ((prompt - cached) x input + cached x cached input + completion x output),
+        capped at what the account can pay and at what is left of the key's monthly budget, and return
+        the rest of the hold."""
 
     async def settle_async(
-        self, *, reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+        self,
+        *,
+        reservation_id: UUID | str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        usage: dict[str, Any],
+        cached_tokens: int = 0,
     ) -> UsageRecord | None: ...
 
     def release(self, *, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None) -> UsageRecord | None:

@@ -21,7 +21,7 @@ from django.db import connection
 from django.utils import timezone
 from psycopg_pool import PoolTimeout
 
-from accounts.models import Account
+from accounts.models import Account, ApiKey
 from billing.ledger import ReserveResult, month_start
 from billing.models import KeySpend, LedgerEntry, Reservation, UsageRecord
 from core.outages import PSYCOPG_DB_ERRORS, DatabaseUnavailable
@@ -32,6 +32,7 @@ _RESERVATION = Reservation._meta.db_table
 _LEDGER = LedgerEntry._meta.db_table
 _USAGE = UsageRecord._meta.db_table
 _SPEND = KeySpend._meta.db_table
+_KEY = ApiKey._meta.db_table
 
 _LEDGER_COLUMNS = (
     "account_id, kind, amount, available_delta, reserved_delta, available_after, reserved_after, "
@@ -41,11 +42,11 @@ _LEDGER_COLUMNS = (
 _RESERVE_TAIL = f"""
 res AS (
     INSERT INTO {_RESERVATION}
-        (id, account_id, api_key_id, model_id, amount, input_price, output_price, status, request_id, created_at,
-         lease_until)
+        (id, account_id, api_key_id, model_id, amount, input_price, output_price, cached_input_price, status,
+         request_id, created_at, lease_until)
     SELECT %(id)s::uuid, id, %(api_key_id)s::bigint, %(model_id)s::varchar, %(amount)s::bigint,
-        %(input_price)s::bigint, %(output_price)s::bigint, 'held', %(request_id)s::varchar, %(now)s::timestamptz,
-        %(lease_until)s::timestamptz
+        %(input_price)s::bigint, %(output_price)s::bigint, %(cached_input_price)s::bigint, 'held',
+        %(request_id)s::varchar, %(now)s::timestamptz, %(lease_until)s::timestamptz
     FROM acc
     RETURNING id
 ), led AS (
@@ -119,7 +120,11 @@ WITH ok AS (
 #
 # The charge is capped at what the account can pay: the hold plus what is available, locked by
 # `bal` (FOR UPDATE sees the newest committed balance; the account UPDATE then changes that same
-# row). The rest of the cost is `uncharged`: recorded, never overdrawn.
+# row). With a monthly budget on the key it is also capped at what is left of the budget beside the
+# key's other running holds (budget - spent - (reserved - this hold)): `kb` locks the key's month row
+# after the account's (the lock order of every statement) and FOR UPDATE reads its newest version,
+# so concurrent settles on one key cannot together pass the budget. The rest of the cost is
+# `uncharged`: recorded, never overdrawn, never over budget.
 #
 # A settle also claims a reservation the sweeper already expired (content is never free): its hold
 # went back to available then, so `was_held` is false and the charge comes from available alone.
@@ -132,16 +137,25 @@ WITH res AS (
     WHERE id = %(id)s::uuid
         AND (status = 'held' OR (status = 'expired' AND %(kind)s::varchar = 'settle'))
     RETURNING id, account_id, api_key_id, model_id, amount, request_id, input_price, output_price,
-        created_at, closed_at = %(now)s::timestamptz AS was_held
+        cached_input_price, created_at, closed_at = %(now)s::timestamptz AS was_held
 ), c0 AS (
     SELECT res.*, CASE WHEN was_held THEN amount ELSE 0 END AS held, CEIL(
-        (%(prompt_tokens)s::numeric * input_price + %(completion_tokens)s::numeric * output_price) / 1000000
+        ((%(prompt_tokens)s::numeric - %(cached_tokens)s::numeric) * input_price
+         + %(cached_tokens)s::numeric * cached_input_price
+         + %(completion_tokens)s::numeric * output_price) / 1000000
     )::bigint AS cost
     FROM res
 ), bal AS (
     SELECT a.id, a.available FROM {_ACCOUNT} a JOIN c0 ON a.id = c0.account_id FOR UPDATE OF a
+), kb AS (
+    SELECT GREATEST(0, k.monthly_budget - s.spent - (s.reserved - c0.held)) AS budget_left
+    FROM c0 JOIN bal ON bal.id = c0.account_id JOIN {_KEY} k ON k.id = c0.api_key_id
+    JOIN {_SPEND} s ON s.api_key_id = k.id AND s.month = date_trunc('month', c0.created_at AT TIME ZONE 'UTC')::date
+    WHERE k.monthly_budget IS NOT NULL
+    FOR UPDATE OF s
 ), c AS (
-    SELECT c0.*, LEAST(c0.cost, c0.held + bal.available) AS charged FROM c0 JOIN bal ON bal.id = c0.account_id
+    SELECT c0.*, LEAST(c0.cost, c0.held + bal.available, COALESCE((SELECT budget_left FROM kb), c0.cost)) AS charged
+    FROM c0 JOIN bal ON bal.id = c0.account_id
 ), acc AS (
     UPDATE {_ACCOUNT} a SET available = a.available + c.held - c.charged, reserved = a.reserved - c.held
     FROM c WHERE a.id = c.account_id
@@ -165,8 +179,8 @@ WITH res AS (
 
 _USAGE_RETURNING = (
     "id, account_id, api_key_id, reservation_id, request_id, endpoint, model_id, worker_id, prompt_tokens, "
-    "completion_tokens, cost, reserved, overrun, uncharged, latency_ms, ttft_ms, streamed, status, error_code, "
-    "created_at"
+    "completion_tokens, cached_tokens, reasoning_tokens, cost, reserved, overrun, uncharged, latency_ms, ttft_ms, "
+    "streamed, status, error_code, created_at"
 )
 
 CLOSE_WITH_USAGE = (
@@ -174,10 +188,11 @@ CLOSE_WITH_USAGE = (
     + f""", usage AS (
     INSERT INTO {_USAGE}
         (account_id, api_key_id, reservation_id, request_id, endpoint, model_id, worker_id, prompt_tokens,
-         completion_tokens, cost, reserved, overrun, uncharged, latency_ms, ttft_ms, streamed, status, error_code,
-         created_at)
+         completion_tokens, cached_tokens, reasoning_tokens, cost, reserved, overrun, uncharged, latency_ms, ttft_ms,
+         streamed, status, error_code, created_at)
     SELECT c.account_id, c.api_key_id, c.id, c.request_id, %(endpoint)s::varchar, c.model_id, %(worker_id)s::varchar,
-        %(prompt_tokens)s::integer, %(completion_tokens)s::integer, c.charged, c.amount, GREATEST(0, c.cost - c.amount),
+        %(prompt_tokens)s::integer, %(completion_tokens)s::integer, %(cached_tokens)s::integer,
+        %(reasoning_tokens)s::integer, c.charged, c.amount, GREATEST(0, c.cost - c.amount),
         c.cost - c.charged, %(latency_ms)s::integer, %(ttft_ms)s::integer, %(streamed)s::boolean,
         %(usage_status)s::varchar, %(error_code)s::varchar, %(now)s::timestamptz
     FROM c
@@ -246,6 +261,7 @@ def reserve(
     now: datetime,
     lease_until: datetime | None = None,
     budget: int | None = None,
+    cached_input_price: int | None = None,
 ) -> Statement:
     """Hold credits; the result is a ReserveResult.
 
@@ -258,6 +274,7 @@ def reserve(
         "amount": amount,
         "input_price": input_price,
         "output_price": output_price,
+        "cached_input_price": input_price if cached_input_price is None else cached_input_price,
         "request_id": request_id,
         "reference": str(reservation_id),
         "now": now,
@@ -279,6 +296,7 @@ def close(
     now: datetime,
     note: str = "",
     usage: dict[str, Any] | None = None,
+    cached_tokens: int = 0,
 ) -> Statement:
     """Claim a held reservation as `status` and move the money in one statement.
 
@@ -293,6 +311,7 @@ def close(
         "kind": kind,
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
+        "cached_tokens": cached_tokens,
         "reference": str(reservation_id),
         "note": note,
         "now": now,
@@ -300,6 +319,7 @@ def close(
     if usage is None:
         return Statement(CLOSE_WITHOUT_USAGE, params, returns_usage=False)
     usage_params = {("usage_status" if name == "status" else name): value for name, value in usage.items()}
+    usage_params.setdefault("reasoning_tokens", 0)
     return Statement(CLOSE_WITH_USAGE, {**params, **usage_params}, returns_usage=True)
 
 
@@ -395,6 +415,7 @@ def _reserve_statement(reservation: Reservation, budget: int | None) -> Statemen
         amount=reservation.amount,
         input_price=reservation.input_price,
         output_price=reservation.output_price,
+        cached_input_price=reservation.cached_input_price,
         request_id=reservation.request_id,
         now=reservation.created_at,
         lease_until=reservation.lease_until,
@@ -402,9 +423,10 @@ def _reserve_statement(reservation: Reservation, budget: int | None) -> Statemen
 
 
 def _settle_statement(
-    reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+    reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any], cached_tokens: int
 ) -> Statement:
     return close(
+        cached_tokens=cached_tokens,
         reservation_id=reservation_id,
         status=Reservation.Status.SETTLED,
         kind=LedgerEntry.Kind.SETTLE,
@@ -455,14 +477,27 @@ class PostgreSQLLedger:
         return _reserved(await execute_async(_reserve_statement(reservation, budget)))
 
     def settle(
-        self, *, reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+        self,
+        *,
+        reservation_id: UUID | str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        usage: dict[str, Any],
+        cached_tokens: int = 0,
     ) -> UsageRecord | None:
-        return _usage(execute(_settle_statement(reservation_id, prompt_tokens, completion_tokens, usage)))
+        statement = _settle_statement(reservation_id, prompt_tokens, completion_tokens, usage, cached_tokens)
+        return _usage(execute(statement))
 
     async def settle_async(
-        self, *, reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+        self,
+        *,
+        reservation_id: UUID | str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        usage: dict[str, Any],
+        cached_tokens: int = 0,
     ) -> UsageRecord | None:
-        statement = _settle_statement(reservation_id, prompt_tokens, completion_tokens, usage)
+        statement = _settle_statement(reservation_id, prompt_tokens, completion_tokens, usage, cached_tokens)
         return _usage(await execute_async(statement))
 
     def release(self, *, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None) -> UsageRecord | None:

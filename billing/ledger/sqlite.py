@@ -28,7 +28,7 @@ from django.db import connection as django_connection
 from django.db import transaction
 from django.utils import timezone
 
-from accounts.models import Account
+from accounts.models import Account, ApiKey
 from billing.ledger import ReserveResult, month_start, settle_note
 from billing.models import KeySpend, LedgerEntry, Reservation, UsageRecord
 from billing.pricing import cost_of
@@ -42,6 +42,7 @@ _RESERVATION = Reservation._meta.db_table
 _LEDGER = LedgerEntry._meta.db_table
 _USAGE = UsageRecord._meta.db_table
 _SPEND = KeySpend._meta.db_table
+_KEY = ApiKey._meta.db_table
 _LEDGER_INSERT = (
     f"INSERT INTO {_LEDGER} (account_id, kind, amount, available_delta, reserved_delta, available_after, "
     "reserved_after, reference, actor, note, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -56,6 +57,8 @@ _USAGE_COLUMNS = (
     "worker_id",
     "prompt_tokens",
     "completion_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
     "cost",
     "reserved",
     "overrun",
@@ -70,7 +73,10 @@ _USAGE_COLUMNS = (
 _USAGE_INSERT = (
     f"INSERT INTO {_USAGE} ({', '.join(_USAGE_COLUMNS)}) VALUES ({', '.join('?' * len(_USAGE_COLUMNS))}) RETURNING id"
 )
-_CLAIM_COLUMNS = "id, account_id, api_key_id, model_id, amount, input_price, output_price, request_id, created_at"
+_CLAIM_COLUMNS = (
+    "id, account_id, api_key_id, model_id, amount, input_price, output_price, cached_input_price, request_id, "
+    "created_at"
+)
 
 _connection: sqlite3.Connection | None = None
 transactions_on_loop = 0  # committed by run(), for Ledger.loop_round_trips
@@ -214,8 +220,8 @@ def _reserve(reservation: Reservation, budget: int | None) -> Callable[[_Db], Re
             _key_spend_hold(db, reservation, budget)
         db.execute(
             f"INSERT INTO {_RESERVATION} (id, account_id, api_key_id, model_id, amount, input_price, output_price, "
-            "status, request_id, created_at, closed_at, lease_until) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, 'held', ?, ?, NULL, ?)",
+            "cached_input_price, status, request_id, created_at, closed_at, lease_until) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'held', ?, ?, NULL, ?)",
             (
                 _uuid(reservation.id),
                 reservation.account_id,
@@ -224,6 +230,7 @@ def _reserve(reservation: Reservation, budget: int | None) -> Callable[[_Db], Re
                 amount,
                 reservation.input_price,
                 reservation.output_price,
+                reservation.cached_input_price,
                 reservation.request_id,
                 created,
                 lease,
@@ -299,6 +306,8 @@ def _usage(db: _Db, claimed: sqlite3.Row, usage: dict[str, Any], now: datetime, 
         "reserved": claimed["amount"],
         "prompt_tokens": 0,
         "completion_tokens": 0,
+        "cached_tokens": 0,
+        "reasoning_tokens": 0,
         "cost": 0,
         "overrun": 0,
         "uncharged": 0,
@@ -330,8 +339,24 @@ def _claim(
     ).fetchone()
 
 
+def _budget_left(db: _Db, claimed: sqlite3.Row, *, held: int) -> int | None:
+    """What is left of the key's monthly budget beside its other running holds (None: no budget).
+    The claim's UPDATE took the database's write lock, so no other settle moves these meanwhile."""
+    if claimed["api_key_id"] is None:
+        return None
+    row = db.execute(
+        f"SELECT k.monthly_budget, s.spent, s.reserved FROM {_KEY} k JOIN {_SPEND} s ON s.api_key_id = k.id "
+        "WHERE k.id = ? AND s.month = ? AND k.monthly_budget IS NOT NULL",
+        (claimed["api_key_id"], str(month_start(_parse(claimed["created_at"])))),
+    ).fetchone()
+    if row is None:
+        return None
+    budget, spent, reserved = int(row[0]), int(row[1]), int(row[2])
+    return max(0, budget - spent - (reserved - held))
+
+
 def _settle(
-    reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+    reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any], cached_tokens: int
 ) -> Callable[[_Db], UsageRecord | None]:
     """Charge the counts' cost, capped at what the account can pay; a reservation the sweeper expired
     meanwhile is still charged (from available: its hold went back then)."""
@@ -355,10 +380,15 @@ def _settle(
             completion_tokens=completion_tokens,
             input_price=claimed["input_price"],
             output_price=claimed["output_price"],
+            cached_tokens=cached_tokens,
+            cached_input_price=claimed["cached_input_price"],
         )
         # The claim's UPDATE took the database's write lock: this balance is the one changed below.
         available = _balances(db, claimed["account_id"])[0]
         charged = min(cost, held + available)
+        budget_left = _budget_left(db, claimed, held=held)
+        if budget_left is not None:
+            charged = min(charged, budget_left)
         db.execute(
             f"UPDATE {_ACCOUNT} SET available = available + ?, reserved = reserved - ? WHERE id = ?",
             (held - charged, held, claimed["account_id"]),
@@ -383,6 +413,7 @@ def _settle(
             moment,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
             cost=charged,
             overrun=max(0, cost - claimed["amount"]),
             uncharged=cost - charged,
@@ -477,14 +508,26 @@ class SQLiteLedger:
             return _over_budget(refusal)
 
     def settle(
-        self, *, reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+        self,
+        *,
+        reservation_id: UUID | str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        usage: dict[str, Any],
+        cached_tokens: int = 0,
     ) -> UsageRecord | None:
-        return _on_django(_settle(reservation_id, prompt_tokens, completion_tokens, usage))
+        return _on_django(_settle(reservation_id, prompt_tokens, completion_tokens, usage, cached_tokens))
 
     async def settle_async(
-        self, *, reservation_id: UUID | str, prompt_tokens: int, completion_tokens: int, usage: dict[str, Any]
+        self,
+        *,
+        reservation_id: UUID | str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        usage: dict[str, Any],
+        cached_tokens: int = 0,
     ) -> UsageRecord | None:
-        return await run(_settle(reservation_id, prompt_tokens, completion_tokens, usage))
+        return await run(_settle(reservation_id, prompt_tokens, completion_tokens, usage, cached_tokens))
 
     def release(self, *, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None) -> UsageRecord | None:
         return _on_django(_release(reservation_id, note, usage))[1]

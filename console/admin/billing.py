@@ -38,11 +38,12 @@ class PublicModelForm(forms.ModelForm):
 
     class Meta:
         model = PublicModel
-        fields = ("model_id", "max_output_tokens", "kind")
+        fields = ("model_id", "max_output_tokens", "kind", "media_tokens")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["kind"].required = False  # unset: a new model serves every endpoint, an old one keeps its kind
+        self.fields["media_tokens"].required = False  # blank: unchanged (0, no media parts, for a new model)
         if self.instance.pk:
             self.fields["input_price_credits"].initial = format_credits(self.instance.input_price)
             self.fields["output_price_credits"].initial = format_credits(self.instance.output_price)
@@ -64,11 +65,23 @@ class PublicModelAdmin(admin.ModelAdmin):
     list_filter = ("enabled",)
 
     def get_fields(self, request: HttpRequest, obj: PublicModel | None = None) -> tuple[str, ...]:
-        fields = ("model_id", "input_price_credits", "output_price_credits", "max_output_tokens", "kind")
-        return fields + (("enabled", "created_at", "updated_at") if obj else ())
+        fields = (
+            "model_id",
+            "input_price_credits",
+            "output_price_credits",
+            "max_output_tokens",
+            "kind",
+            "media_tokens",
+        )
+        return fields + (("cached_input_price_display", "enabled", "created_at", "updated_at") if obj else ())
 
     def get_readonly_fields(self, request: HttpRequest, obj: PublicModel | None = None) -> tuple[str, ...]:
-        return ("model_id", "enabled", "created_at", "updated_at") if obj else ()
+        # The cached input price is set with `registermodel --cached-input-price` (blank there: the input price).
+        return ("model_id", "cached_input_price_display", "enabled", "created_at", "updated_at") if obj else ()
+
+    @admin.display(description="Cached input price (credits / 1M tokens)")
+    def cached_input_price_display(self, obj: PublicModel) -> str:
+        return display_credits(obj.cached_input_price_or_input)
 
     @admin.display(description="Input price (credits / 1M tokens)", ordering="input_price")
     def input_price_display(self, obj: PublicModel) -> str:
@@ -89,6 +102,7 @@ class PublicModelAdmin(admin.ModelAdmin):
             output_price=int(data["output_price_credits"] * MICRO),
             max_output_tokens=data["max_output_tokens"],
             kind=data.get("kind") or None,
+            media_tokens=data["media_tokens"],
             actor=request.user,
             via="admin",
         )
@@ -228,6 +242,8 @@ USAGE_CSV_HEADER = [
     "latency_ms",
     "ttft_ms",
     "streamed",
+    "cached_tokens",
+    "reasoning_tokens",
 ]
 
 
@@ -252,6 +268,8 @@ def usage_csv_response(queryset: QuerySet[UsageRecord], filename: str) -> Stream
                 r.latency_ms,
                 "" if r.ttft_ms is None else r.ttft_ms,
                 "yes" if r.streamed else "no",
+                r.cached_tokens,
+                r.reasoning_tokens,
             ]
 
     writer = csv.writer(_Echo())

@@ -140,6 +140,8 @@ CSV_HEADER = [
     "latency_ms",
     "ttft_ms",
     "streamed",
+    "cached_tokens",
+    "reasoning_tokens",
 ]
 
 
@@ -160,6 +162,8 @@ def usage_csv_rows(records: Iterator[Any]) -> Iterator[list[Any]]:
             r.latency_ms,
             "" if r.ttft_ms is None else r.ttft_ms,
             "yes" if r.streamed else "no",
+            r.cached_tokens,
+            r.reasoning_tokens,
         ]
 
 

@@ -24,11 +24,21 @@ class Command(SpeedInferCommand):
             help="which endpoints the model serves: chat (chat, completions, responses), embeddings, rerank, "
             "or any (the default)",
         )
+        parser.add_argument(
+            "--cached-input-price", help="credits per 1M cached prompt tokens (default: the input price)"
+        )
+        parser.add_argument(
+            "--media-tokens",
+            type=int,
+            help="the most tokens one image, audio, video or file part may cost (0: no media parts)",
+        )
 
     def run(self, *args: Any, **options: Any) -> None:
         try:
             input_price = parse_credits(options["input_price"], field="input-price")
             output_price = parse_credits(options["output_price"], field="output-price")
+            cached = options["cached_input_price"]
+            cached_price = None if cached is None else parse_credits(cached, field="cached-input-price")
         except AmountError as exc:
             raise CommandError(str(exc)) from None
         if options.get("kind") is not None and options["kind"] not in ModelKind.values:
@@ -39,6 +49,8 @@ class Command(SpeedInferCommand):
             output_price=output_price,
             max_output_tokens=options["max_output_tokens"],
             kind=options.get("kind"),
+            cached_input_price=cached_price,
+            media_tokens=options["media_tokens"],
             actor="manage.py registermodel",
             via="command",
         )
