@@ -193,3 +193,12 @@ def test_missing_production_settings_are_one_line_not_a_traceback(subprocess_env
     proc = _manage(env, "check")
     assert proc.returncode == 1
     assert proc.stderr.strip() == message
+
+
+@pytest.mark.parametrize("command", [["grantcredits", "acme", "1"], ["createaccount", "acme"], ["probeworkers"]])
+def test_an_unreachable_database_is_one_line_exit_1(subprocess_env, command):
+    env = {**subprocess_env, "DATABASE_URL": "postgres://postgres@127.0.0.1:1/speedinfer", "SPEEDINFER_DB_TIMEOUT": "1"}
+    proc = _manage(env, *command)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("CommandError: DATABASE_URL: the database cannot be used: "), lines
