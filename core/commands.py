@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import OperationalError
 
 
 def _one_line(exc: ValidationError) -> str:
@@ -45,6 +46,10 @@ class SpeedInferCommand(BaseCommand):
             return self.run(*args, **options)
         except ValidationError as exc:
             raise CommandError(_one_line(exc)) from None
+        except OperationalError as exc:
+            # A database that is down or missing is the operator's DATABASE_URL, not a bug: one line, exit 1.
+            detail = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            raise CommandError(f"DATABASE_URL: the database cannot be used: {detail}") from None
 
     def run(self, *args: Any, **options: Any) -> str | None:
         raise NotImplementedError

@@ -45,7 +45,9 @@ def drf_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     elif isinstance(data, dict) and data:
         param = next(iter(data))
         first = data[param]
-        message = f"{param}: {first[0] if isinstance(first, list) and first else first}"
+        detail = str(first[0] if isinstance(first, list) and first else first)
+        # Validators that reuse a command's parser (core.credits) already name the field.
+        message = detail if detail.startswith(f"{param}: ") else f"{param}: {detail}"
     else:
         message = str(data)
     response.data = error_body(status=status, code=code, message=message, param=param)

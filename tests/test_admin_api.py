@@ -79,6 +79,20 @@ def test_grant_credits_with_note(staff, admin_key_headers):
     assert too_much.status_code == 400
 
 
+def test_a_bad_amount_names_its_field_once(staff):
+    account = make_account(name="Acme")
+    bad = staff.post(
+        f"/api/accounts/{account.pk}/credits/", {"amount": "abc", "note": "x"}, content_type="application/json"
+    )
+    error = bad.json()["error"]
+    assert bad.status_code == 400 and error["param"] == "amount"
+    assert error["message"] == "amount: not a decimal number: 'abc'"
+    price = staff.post(
+        "/api/models/", {"id": "acme/p", "input_price": "x", "output_price": "1"}, content_type="application/json"
+    )
+    assert price.status_code == 400 and price.json()["error"]["message"] == "input_price: not a decimal number: 'x'"
+
+
 def test_keys_create_list_revoke(staff):
     account = make_account(name="Acme")
     make_model(model_id="acme/m1")

@@ -217,3 +217,12 @@ def test_registermodel_sets_the_kind_and_refuses_an_unknown_one():
     with pytest.raises(CommandError, match="kind"):
         run("registermodel", "acme/x", "--input-price", "1", "--output-price", "1", "--kind", "vision")
     assert not PublicModel.objects.filter(model_id="acme/x").exists()
+
+
+@pytest.mark.parametrize("command", [["grantcredits", "acme", "1"], ["createaccount", "acme"], ["probeworkers"]])
+def test_an_unreachable_database_is_one_line_exit_1(subprocess_env, command):
+    env = {**subprocess_env, "DATABASE_URL": "postgres://postgres@127.0.0.1:1/speedinfer", "SPEEDINFER_DB_TIMEOUT": "1"}
+    proc = _manage(env, *command)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("CommandError: DATABASE_URL: the database cannot be used: "), lines
