@@ -121,6 +121,7 @@ def api_key_create(
     tpm: int | None = None,
     expires_at: datetime | None = None,
     monthly_budget: int | None = None,
+    priority: str = "normal",
     actor: object = "",
     via: str = "",
 ) -> CreatedKey:
@@ -135,6 +136,7 @@ def api_key_create(
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError({"expires": "must be in the future"})
     _validate_budget(monthly_budget)
+    _validate_priority(priority)
     lookup, secret = generate_key()
     api_key = ApiKey(
         account=account,
@@ -147,12 +149,31 @@ def api_key_create(
         tpm=tpm,
         expires_at=expires_at,
         monthly_budget=monthly_budget,
+        priority=priority,
     )
     api_key.full_clean()
     with transaction.atomic():
         api_key.save()
         _audit(actor, "key.create", api_key, via=via, scopes=api_key.scopes, models=api_key.allowed_models)
     return CreatedKey(api_key=api_key, secret=secret)
+
+
+KEY_PRIORITIES = ("high", "normal", "low")
+
+
+def _validate_priority(priority: str) -> None:
+    if priority not in KEY_PRIORITIES:
+        raise ValidationError({"priority": f"must be one of {', '.join(KEY_PRIORITIES)}"})
+
+
+def api_key_set_priority(*, api_key: ApiKey, priority: str, actor: object = "", via: str = "") -> ApiKey:
+    _validate_priority(priority)
+    with transaction.atomic():
+        ApiKey.objects.filter(pk=api_key.pk).update(priority=priority)
+        api_key.priority = priority
+        _audit(actor, "key.priority", api_key, via=via, priority=priority)
+    key_cache.forget(api_key.digest)
+    return api_key
 
 
 def _validate_budget(monthly_budget: int | None) -> None:

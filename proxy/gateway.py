@@ -1,7 +1,8 @@
 """POST /v1/chat/completions, /v1/completions and /v1/embeddings: the request path, in the documented order.
 
 parse and validate -> authenticate -> scope, model, allow-list -> rate limits
--> select workers by capability (streaming support) -> reserve -> forward (one retry on another worker
+-> select workers by capability (streaming support) and prefix affinity -> a capacity slot (waiting
+while the model's pool is saturated: workers.queue) -> reserve -> forward (one retry on another worker
 while nothing has reached the client) -> settle -> answer.
 
 Each step past the rate limits lives in its own module:
@@ -30,7 +31,7 @@ from proxy.idempotency import idempotency_begin, idempotency_end, idempotency_ke
 from proxy.payloads import parse_completion
 from proxy.ratelimit import rate_limit_admit, rate_limit_refund
 from proxy.streaming import stream
-from proxy.upstream import complete, select
+from proxy.upstream import admit, complete, prefix_hashes, select
 from runtimes.request import EMBEDDINGS, CompletionParams
 
 
@@ -71,8 +72,13 @@ async def _serve(ex: Exchange, params: CompletionParams, key: KeyInfo, calls: li
 
     calls.append(call)
     lease: asyncio.Task[None] | None = None
+    slot = None
     try:
-        call.clients = await select(params)
+        hashes = prefix_hashes(params)
+        call.clients = await select(params, hashes=hashes)
+        # The slot before the reservation: a request that waits for capacity and never runs holds no
+        # credits (docs/scheduler.md).
+        slot = await admit(call, hashes=hashes)
         await call.reserve()
         lease = asyncio.create_task(call.keep_lease())
         if params.stream:
@@ -82,6 +88,8 @@ async def _serve(ex: Exchange, params: CompletionParams, key: KeyInfo, calls: li
     finally:
         if lease is not None:
             lease.cancel()
+        if slot is not None:
+            slot.release()
         outcome = ex.outcome
         outcome.worker_id = call.worker.worker_id if call.worker else ""
         if call.usage is not None:

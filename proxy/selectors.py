@@ -24,6 +24,7 @@ def key_summary(*, key: KeyInfo) -> dict[str, Any]:
             "balance": format_credits(available),
             "reserved": format_credits(reserved),
             "budget": key_budget_document(api_key_id=key.id, monthly_budget=key.monthly_budget),
+            "priority": key.priority,
         }
     }
 

@@ -26,6 +26,7 @@ class CompletionParams:
     texts: list[str]  # every piece of prompt text, for the prompt-token bound
     messages: list[dict[str, Any]]  # chat only
     prompt: str  # completions only
+    cache_key: str = ""  # the OpenAI `prompt_cache_key`: an explicit prefix-affinity key (workers.prefix)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,18 @@ def _fresh_key_cache() -> Iterator[None]:
     key_cache.clear()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_scheduler() -> Iterator[None]:
+    """The prefix index and the capacity slots are per process: no test inherits another's."""
+    from workers import prefix, queue
+
+    prefix.reset()
+    queue.reset()
+    yield
+    prefix.reset()
+    queue.reset()
+
+
 @pytest.fixture
 def subprocess_env(transactional_db: None) -> dict[str, str]:
     """Environment for a child process (manage.py, a server) that uses this test's database."""

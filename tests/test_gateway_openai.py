@@ -134,6 +134,7 @@ def test_key_shows_the_contract_shape(world):
             "balance": "10.000000",
             "reserved": "0.000000",
             "budget": None,
+            "priority": "normal",
         }
     }
 

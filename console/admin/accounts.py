@@ -32,6 +32,7 @@ from accounts.services import (
     api_key_create,
     api_key_revoke,
     api_key_set_budget,
+    api_key_set_priority,
     api_key_update,
 )
 from billing.ledger_sql import month_start
@@ -254,7 +255,7 @@ class ApiKeyForm(forms.ModelForm):
 
     class Meta:
         model = ApiKey
-        fields = ("account", "name", "scopes", "allowed_models", "rpm", "tpm", "expires_at")
+        fields = ("account", "name", "scopes", "allowed_models", "rpm", "tpm", "expires_at", "priority")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -423,6 +424,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
                 )
                 if data.get("budget") != obj.monthly_budget and "budget" in data:
                     api_key_set_budget(api_key=obj, monthly_budget=data["budget"], actor=request.user, via="admin")
+                if "priority" in data and data["priority"] != ApiKey.objects.get(pk=obj.pk).priority:
+                    api_key_set_priority(api_key=obj, priority=data["priority"], actor=request.user, via="admin")
                 return
             created = api_key_create(
                 account=data["account"],
@@ -433,6 +436,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
                 tpm=data["tpm"],
                 expires_at=data["expires_at"],
                 monthly_budget=data.get("budget"),
+                priority=data.get("priority") or "normal",
                 actor=request.user,
                 via="admin",
             )

@@ -1,0 +1,428 @@
+"""Capacity slots per worker and the gateway-side queue for a saturated model (docs/scheduler.md).
+
+A worker with a capacity (runtime_config.max_concurrency, or the runtime's own figure: workers.routing
+`_capacity`) runs at most that many requests from the gateways at once: each request holds a slot on its
+worker from before the call until the answer (or the stream) ends. When every eligible worker of a model
+with a capacity is full and none without one is eligible, the model's pool is saturated and the request
+waits here, in the gateway, not in a runtime's queue:
+
+- a freed slot goes to the waiting requests by priority (`high`, then `normal`), and within a priority
+  to the waiting accounts in turn (round robin: an account with 30 waiting gets no more slots than one
+  with 1);
+- `low` is refused at once with 503 `overloaded` while the pool is saturated;
+- a request that waited SPEEDINFER_QUEUE_TIMEOUT gets 503 `overloaded`.
+
+The gateway takes the reservation only after the slot (proxy.gateway): a request that never ran held no
+credits and is charged nothing.
+
+Slots across gateway processes (with REDIS_URL): one sorted set per worker, `si:slots:DB:w:WORKER`, whose
+members are the slots held (a token per request) scored by their lease's expiry in Redis's own clock. One
+Lua script prunes expired leases and takes a slot on the first worker, in preference order, with room:
+atomic, so two processes never overfill a worker. A task per event loop renews this process's leases every
+LEASE_S / 3; a process that dies stops renewing and its slots come back within LEASE_S. Without Redis (the
+embedded profile, one process) the same table is a dict. Each process queues its own waiters; the head of
+each queue asks for a slot whenever one of this process's slots frees up, and every POLL_S otherwise (a
+slot another process freed), so across processes a freed slot goes to whichever head asks first: fairness
+and priority are exact within a process and approximate across them (docs/scheduler.md gives the
+measured bound).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import weakref
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from workers import fleet
+
+log = logging.getLogger("speedinfer.routing")
+
+PRIORITIES = ("high", "normal", "low")
+LEASE_S = 15.0
+POLL_S = 0.02
+
+_tokens = itertools.count(1)
+
+
+class Overloaded(Exception):
+    """The pool is saturated and the request may not (low) or no longer (timeout) wait."""
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    worker_id: str
+    token: str = ""  # "": the worker has no capacity, nothing is held
+    waited_s: float = 0.0
+
+    def release(self) -> None:
+        if self.token:
+            _table().release(self.worker_id, self.token)
+
+
+# Candidate workers in preference order, each with its capacity (None: unlimited).
+Candidates = Sequence[tuple[str, int | None]]
+
+
+class _LocalSlots:
+    """One process's slots (the embedded profile): exact, no I/O."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, int] = {}
+
+    async def acquire(self, candidates: Candidates) -> str | None:
+        for worker_id, cap in candidates:
+            if cap is not None and self.held.get(worker_id, 0) < cap:
+                self.held[worker_id] = self.held.get(worker_id, 0) + 1
+                return worker_id
+        return None
+
+    def release(self, worker_id: str, token: str) -> None:
+        count = self.held.get(worker_id, 0) - 1
+        if count > 0:
+            self.held[worker_id] = count
+        else:
+            self.held.pop(worker_id, None)
+        _wake()
+
+    def counts(self) -> dict[str, int]:
+        return dict(self.held)
+
+
+# KEYS: the workers' slot sets, in preference order; ARGV: token, lease ms, then each worker's capacity.
+# Returns the 1-based index of the worker a slot was taken on, or 0 when all are full.
+_ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i, key in ipairs(KEYS) do
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  if redis.call('ZCARD', key) < tonumber(ARGV[i + 2]) then
+    redis.call('ZADD', key, now + tonumber(ARGV[2]), ARGV[1])
+    redis.call('PEXPIRE', key, tonumber(ARGV[2]) * 2)
+    return i
+  end
+end
+return 0
+"""
+# KEYS: slot sets; ARGV: lease ms, then one token per key: extend each lease still held.
+_RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, 'XX', now + tonumber(ARGV[1]), ARGV[i + 1])
+  redis.call('PEXPIRE', key, tonumber(ARGV[1]) * 2)
+end
+return 1
+"""
+
+
+class _RedisSlots:
+    """Slots shared by every gateway process through Redis (leased, so a dead process's come back)."""
+
+    def __init__(self, url: str) -> None:
+        import redis.asyncio as aioredis
+
+        self.client = aioredis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+        self.acquire_script = self.client.register_script(_ACQUIRE)
+        self.renew_script = self.client.register_script(_RENEW)
+        self.mine: dict[str, str] = {}  # token -> worker id: this process's held slots
+        self.local: dict[str, int] = {}
+        self.renewer: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def key(worker_id: str) -> str:
+        return f"si:slots:{connection.settings_dict['NAME']}:w:{worker_id}"
+
+    async def acquire(self, candidates: Candidates) -> str | None:
+        capped = [(w, c) for w, c in candidates if c is not None]
+        if not capped:
+            return None
+        token = f"{fleet.PROCESS}:{next(_tokens)}"
+        index = await self.acquire_script(
+            keys=[self.key(w) for w, _ in capped], args=[token, int(LEASE_S * 1000), *[c for _, c in capped]]
+        )
+        if not index:
+            return None
+        worker_id = capped[int(index) - 1][0]
+        self.mine[token] = worker_id
+        self.local[worker_id] = self.local.get(worker_id, 0) + 1
+        if self.renewer is None or self.renewer.done():
+            self.renewer = asyncio.get_running_loop().create_task(self._renew_forever())
+        return f"{worker_id}\x00{token}"
+
+    def release(self, worker_id: str, token: str) -> None:
+        token = token.partition("\x00")[2]
+        self.mine.pop(token, None)
+        count = self.local.get(worker_id, 0) - 1
+        if count > 0:
+            self.local[worker_id] = count
+        else:
+            self.local.pop(worker_id, None)
+        _wake()
+        try:
+            task = asyncio.get_running_loop().create_task(self._free(worker_id, token))
+        except RuntimeError:
+            return  # no loop (a shutdown): the lease runs out within LEASE_S
+        task.add_done_callback(_quiet)
+
+    async def _free(self, worker_id: str, token: str) -> None:
+        await self.client.zrem(self.key(worker_id), token)
+
+    async def _renew_forever(self) -> None:
+        while self.mine:
+            await asyncio.sleep(LEASE_S / 3)
+            held = list(self.mine.items())
+            if not held:
+                return
+            try:
+                await self.renew_script(
+                    keys=[self.key(w) for _, w in held], args=[int(LEASE_S * 1000), *[t for t, _ in held]]
+                )
+            except Exception as exc:  # a Redis blip: the lease has room for the next try
+                log.warning("could not renew capacity leases (%s)", type(exc).__name__)
+
+    def counts(self) -> dict[str, int]:
+        return dict(self.local)
+
+
+def _quiet(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("could not free a capacity slot (%s); its lease runs out", type(task.exception()).__name__)
+
+
+@dataclass(slots=True)
+class _Waiter:
+    account: object
+    priority: str
+    candidates: Candidates
+    future: asyncio.Future[str]
+    since: float = field(default_factory=time.monotonic)
+
+
+class _ModelQueue:
+    """One model's waiters in this process: by priority, and within one, the accounts in turn."""
+
+    def __init__(self) -> None:
+        self.levels: dict[str, OrderedDict[object, deque[_Waiter]]] = {p: OrderedDict() for p in PRIORITIES}
+        self.size = 0
+
+    def push(self, waiter: _Waiter) -> None:
+        self.levels[waiter.priority].setdefault(waiter.account, deque()).append(waiter)
+        self.size += 1
+
+    def head(self) -> _Waiter | None:
+        for level in self.levels.values():
+            for waiters in level.values():
+                return waiters[0]
+        return None
+
+    def pop_head(self) -> None:
+        for level in self.levels.values():
+            for account, waiters in level.items():
+                waiters.popleft()
+                self.size -= 1
+                # The account goes to the back of its priority's turn, or leaves it when it has no more.
+                if waiters:
+                    level.move_to_end(account)
+                else:
+                    del level[account]
+                return
+
+    def remove(self, waiter: _Waiter) -> None:
+        waiters = self.levels[waiter.priority].get(waiter.account)
+        if waiters is not None and waiter in waiters:
+            waiters.remove(waiter)
+            self.size -= 1
+            if not waiters:
+                del self.levels[waiter.priority][waiter.account]
+
+    def waiting(self, priority: str) -> int:
+        return sum(len(w) for w in self.levels[priority].values())
+
+
+@dataclass(slots=True)
+class _LoopState:
+    queues: dict[str, _ModelQueue] = field(default_factory=dict)
+    dispatchers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    freed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+_local_table: list[_LocalSlots] = []
+_tables: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _RedisSlots] = weakref.WeakKeyDictionary()
+_loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+# Process-wide figures for /metrics: (model, priority) -> [requests that waited, seconds waited in all].
+_waited: dict[tuple[str, str], list[float]] = {}
+_refused: dict[tuple[str, str], int] = {}
+
+
+def _table() -> _LocalSlots | _RedisSlots:
+    # One table per event loop under Redis (its client is bound to the loop it was made on), one per
+    # process in memory.
+    if not settings.REDIS_URL:
+        if not _local_table:
+            _local_table.append(_LocalSlots())
+        return _local_table[0]
+    loop = asyncio.get_running_loop()
+    table = _tables.get(loop)
+    if table is None:
+        table = _tables[loop] = _RedisSlots(settings.REDIS_URL)
+    return table
+
+
+def _state() -> _LoopState:
+    loop = asyncio.get_running_loop()
+    state = _loops.get(loop)
+    if state is None:
+        state = _loops[loop] = _LoopState()
+    return state
+
+
+def _wake() -> None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    state = _loops.get(loop)
+    if state is not None:
+        state.freed.set()
+
+
+def _slot_of(granted: str, *, waited_s: float) -> Slot:
+    if "\x00" in granted:  # the Redis table's token carries its worker
+        return Slot(worker_id=granted.partition("\x00")[0], token=granted, waited_s=waited_s)
+    return Slot(worker_id=granted, token=granted, waited_s=waited_s)
+
+
+async def admit(*, model_id: str, candidates: Candidates, account: object, priority: str) -> Slot:
+    """A slot on the first candidate with room (a worker without a capacity needs none), waiting in
+    this process's queue for the model while the pool is saturated; Overloaded when it may not wait
+    (low) or waited SPEEDINFER_QUEUE_TIMEOUT."""
+    for worker_id, cap in candidates:
+        if cap is None:
+            return Slot(worker_id=worker_id)
+    state = _state()
+    queue = state.queues.get(model_id)
+    if queue is None or not queue.size:
+        granted = await _table().acquire(candidates)
+        if granted is not None:
+            return _slot_of(granted, waited_s=0.0)
+    if priority == "low":
+        _refused[(model_id, priority)] = _refused.get((model_id, priority), 0) + 1
+        raise Overloaded(f"every worker of the model '{model_id}' is at capacity; retry later", retry_after=1)
+    if queue is None:
+        queue = state.queues[model_id] = _ModelQueue()
+    waiter = _Waiter(account, priority, candidates, asyncio.get_running_loop().create_future())
+    queue.push(waiter)
+    task = state.dispatchers.get(model_id)
+    if task is None or task.done():
+        state.dispatchers[model_id] = asyncio.get_running_loop().create_task(_dispatch(model_id, queue, state))
+    timeout = settings.SPEEDINFER_QUEUE_TIMEOUT
+    try:
+        granted = await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
+    except TimeoutError:
+        queue.remove(waiter)
+        if waiter.future.done() and not waiter.future.cancelled():
+            _slot_of(waiter.future.result(), waited_s=0).release()  # granted as the wait ran out
+        else:
+            waiter.future.cancel()
+        _refused[(model_id, priority)] = _refused.get((model_id, priority), 0) + 1
+        _note_wait(model_id, priority, time.monotonic() - waiter.since)
+        raise Overloaded(
+            f"every worker of the model '{model_id}' stayed at capacity for {timeout:g} s; retry later",
+            retry_after=max(1, round(timeout / 10)),
+        ) from None
+    except asyncio.CancelledError:
+        # The client left while waiting: a slot granted meanwhile goes back at once.
+        queue.remove(waiter)
+        if waiter.future.done() and not waiter.future.cancelled():
+            _slot_of(waiter.future.result(), waited_s=0).release()
+        else:
+            waiter.future.cancel()
+        raise
+    waited = time.monotonic() - waiter.since
+    _note_wait(model_id, priority, waited)
+    return _slot_of(granted, waited_s=waited)
+
+
+def _note_wait(model_id: str, priority: str, waited: float) -> None:
+    figures = _waited.setdefault((model_id, priority), [0.0, 0.0])
+    figures[0] += 1
+    figures[1] += waited
+
+
+async def _dispatch(model_id: str, queue: _ModelQueue, state: _LoopState) -> None:
+    """Hand freed slots to this process's waiters for the model, the head first, until none wait."""
+    while True:
+        waiter = queue.head()
+        if waiter is None:
+            return
+        if waiter.future.done():
+            queue.pop_head()
+            continue
+        try:
+            granted = await _table().acquire(waiter.candidates)
+        except Exception as exc:  # Redis unreachable: the waiters time out rather than overfill a GPU
+            log.warning("capacity slot request failed (%s)", type(exc).__name__)
+            granted = None
+        if granted is not None:
+            if queue.head() is waiter and not waiter.future.done():
+                queue.pop_head()
+                waiter.future.set_result(granted)
+            else:
+                _slot_of(granted, waited_s=0).release()
+            continue
+        state.freed.clear()
+        try:
+            await asyncio.wait_for(state.freed.wait(), POLL_S)
+        except TimeoutError:
+            pass
+
+
+def queue_lengths() -> dict[tuple[str, str], int]:
+    """(model, priority) -> requests waiting in this process (all its event loops)."""
+    lengths: dict[tuple[str, str], int] = {}
+    for state in list(_loops.values()):
+        for model_id, queue in state.queues.items():
+            for priority in PRIORITIES[:2]:
+                lengths[(model_id, priority)] = lengths.get((model_id, priority), 0) + queue.waiting(priority)
+    return lengths
+
+
+def wait_totals() -> dict[tuple[str, str], tuple[int, float]]:
+    """(model, priority) -> (requests that waited, seconds they waited in all)."""
+    return {k: (int(v[0]), v[1]) for k, v in _waited.items()}
+
+
+def refusals() -> dict[tuple[str, str], int]:
+    """(model, priority) -> 503 overloaded answers (low refused, or the wait ran out)."""
+    return dict(_refused)
+
+
+def held() -> dict[str, int]:
+    """Slots this process holds per worker."""
+    totals: dict[str, int] = {}
+    tables: list[_LocalSlots | _RedisSlots] = [*_local_table, *list(_tables.values())]
+    for table in tables:
+        for worker_id, count in table.counts().items():
+            totals[worker_id] = totals.get(worker_id, 0) + count
+    return totals
+
+
+def reset() -> None:
+    """Forget every slot, waiter and figure (tests)."""
+    _local_table.clear()
+    _tables.clear()
+    _waited.clear()
+    _refused.clear()
