@@ -52,6 +52,7 @@ def usage_page(*, key: KeyInfo, limit: int, after: int | None) -> dict[str, Any]
             "error_code": r.error_code or None,
             "latency_ms": r.latency_ms,
             "ttft_ms": r.ttft_ms,
+            "queue_wait_ms": r.queue_wait_ms,
             "streamed": r.streamed,
         }
         for r in rows[:limit]

@@ -63,20 +63,27 @@ def matches(hashes: list[int]) -> dict[str, int]:
     return found
 
 
-def record(hashes: list[int], worker_id: str, *, matched: int = 0) -> None:
-    """The request with these hashes goes to `worker_id`: it will hold them (most recent last)."""
-    if hashes:
-        counts = _hits.setdefault(worker_id, [0, 0])
-        counts[0] += matched
-        counts[1] += len(hashes)
+def record(hashes: list[int], worker_id: str) -> None:
+    """The request with these hashes goes to `worker_id`: it will hold them (most recent last). Counts
+    the leading blocks it already held, for the hit estimate."""
     index = _index
+    matched, run = 0, True
     for h in hashes:
         holders = index.get(h)
         if holders is None:
             index[h] = {worker_id: None}
+            run = False
         else:
+            if run and worker_id in holders:
+                matched += 1
+            else:
+                run = False
             holders[worker_id] = None
             index.move_to_end(h)
+    if hashes:
+        counts = _hits.setdefault(worker_id, [0, 0])
+        counts[0] += matched
+        counts[1] += len(hashes)
     while len(index) > CAPACITY:
         index.popitem(last=False)
 

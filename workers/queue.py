@@ -51,6 +51,26 @@ LEASE_S = 15.0
 POLL_S = 0.02
 
 _tokens = itertools.count(1)
+# Requests this process has placed on each worker and not finished: from the slot to the answer's end,
+# so a burst that has been placed but not yet forwarded (its reservation is being taken) already counts
+# in the next selection's load (workers.routing).
+_placed: dict[str, int] = {}
+
+
+def _place(worker_id: str) -> None:
+    _placed[worker_id] = _placed.get(worker_id, 0) + 1
+
+
+def _unplace(worker_id: str) -> None:
+    count = _placed.get(worker_id, 0) - 1
+    if count > 0:
+        _placed[worker_id] = count
+    else:
+        _placed.pop(worker_id, None)
+
+
+def placed(worker_id: str) -> int:
+    return _placed.get(worker_id, 0)
 
 
 class Overloaded(Exception):
@@ -68,6 +88,7 @@ class Slot:
     waited_s: float = 0.0
 
     def release(self) -> None:
+        _unplace(self.worker_id)
         if self.token:
             _table().release(self.worker_id, self.token)
 
@@ -309,6 +330,12 @@ async def admit(*, model_id: str, candidates: Candidates, account: object, prior
     """A slot on the first candidate with room (a worker without a capacity needs none), waiting in
     this process's queue for the model while the pool is saturated; Overloaded when it may not wait
     (low) or waited SPEEDINFER_QUEUE_TIMEOUT."""
+    slot = await _admit(model_id=model_id, candidates=candidates, account=account, priority=priority)
+    _place(slot.worker_id)
+    return slot
+
+
+async def _admit(*, model_id: str, candidates: Candidates, account: object, priority: str) -> Slot:
     for worker_id, cap in candidates:
         if cap is None:
             return Slot(worker_id=worker_id)
@@ -321,6 +348,8 @@ async def admit(*, model_id: str, candidates: Candidates, account: object, prior
     if priority == "low":
         _refused[(model_id, priority)] = _refused.get((model_id, priority), 0) + 1
         raise Overloaded(f"every worker of the model '{model_id}' is at capacity; retry later", retry_after=1)
+    # Read again: other requests may have made the queue while this one asked Redis.
+    queue = state.queues.get(model_id)
     if queue is None:
         queue = state.queues[model_id] = _ModelQueue()
     waiter = _Waiter(account, priority, candidates, asyncio.get_running_loop().create_future())
@@ -424,5 +453,6 @@ def reset() -> None:
     """Forget every slot, waiter and figure (tests)."""
     _local_table.clear()
     _tables.clear()
+    _placed.clear()
     _waited.clear()
     _refused.clear()

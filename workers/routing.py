@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from core.db import db_call
 from runtimes.target import WorkerTarget
-from workers import balancer, circuit, fleet, prefix
+from workers import balancer, circuit, fleet, prefix, queue
 from workers.models import Worker
 
 
@@ -248,7 +248,7 @@ async def eligible_workers(model_id: str, *, prefix_hashes: list[int] | None = N
     candidates = [
         balancer.Candidate(
             e.view.worker_id,
-            fleet.in_flight(e.view.worker_id, now=now_s),
+            _load_of(e.view.worker_id, now_s),
             e.queue,
             e.queue_time_s,
             matched.get(e.view.worker_id, 0),
@@ -259,6 +259,13 @@ async def eligible_workers(model_id: str, *, prefix_hashes: list[int] | None = N
     ranked = balancer.order(candidates, policy=policy)
     # A won trial goes first: it must be tried, or the circuit never closes.
     return trials + [views[c.worker_id] for c in ranked]
+
+
+def _load_of(worker_id: str, now: float) -> int:
+    """Requests on the worker from every process: this process's own counted from their placement
+    (workers.queue.placed), so a burst being placed spreads before its calls start."""
+    mine = fleet.local_count(worker_id)
+    return fleet.in_flight(worker_id, now=now) - mine + max(mine, queue.placed(worker_id))
 
 
 def _transports(snap: _Snapshot, model_id: str) -> set[str]:
