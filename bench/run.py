@@ -792,7 +792,21 @@ def main(argv: list[str] | None = None) -> None:
         "--routing", action="store_true", help="only the routing scenario: fast/slow split and p99 by policy"
     )
     parser.add_argument("--routing-seconds", type=float, default=10, help="seconds of c16 per policy (c1: half)")
+    parser.add_argument(
+        "--scheduling",
+        action="store_true",
+        help="only the scheduling scenario: multi-tenant workloads through each policy (bench/scheduling.py)",
+    )
     args = parser.parse_args(argv)
+    if args.scheduling:
+        from scheduling import bench_scheduling
+
+        text = bench_scheduling(args)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "scheduling.md").write_text(text + "\n")
+        print()
+        print(text)
+        return
     args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     args.workers = [int(w) for w in args.workers.split(",")]
     args.latencies = [int(x) for x in args.latencies.split(",")]

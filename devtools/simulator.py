@@ -219,6 +219,8 @@ class Simulator:
             "# TYPE vllm:request_success_total counter\n"
             f'vllm:request_success_total{{model_name="{self.models[0]}"}} {stats.completed}\n'
         )
+        # Not vLLM's: the most requests it ever ran at once (make bench's capacity check reads it).
+        text += f"# TYPE simulator_peak_running gauge\nsimulator_peak_running {stats.peak_running}\n"
         if self.cache is not None:
             label = f'{{model_name="{self.models[0]}"}}'
             text += (
