@@ -28,9 +28,9 @@ import run as base
 WORKERS = 4
 CAPACITY = 4  # each simulator's batch, declared as runtime_config.max_concurrency
 KV_BLOCKS = 200  # a worker's cache holds about four tenants' prefixes (47 blocks each)
-PREFILL_MS = 2.0  # per uncached 64-character block: ~95 ms for a cold 3,000-character prefix
-DECODE_MS = 1.0
-CONCURRENCY = 16
+PREFILL_MS = 8.0  # per uncached 64-character block: ~375 ms for a cold 3,000-character prefix
+DECODE_MS = 4.0
+CONCURRENCY = 8
 TENANT_PREFIX = "Tenant {n} policy: answer politely, cite the handbook section, never guess. "
 POLICIES = ("prefix", "least-loaded", "random")
 
@@ -91,9 +91,9 @@ async def _load(
 
 
 def _workloads(rng: random.Random) -> dict[str, list[dict[str, Any]]]:
-    shared = [_payload(_system(i % 8), f"question {i}: {rng.random()}") for i in range(320)]
-    unique = [_payload(f"{rng.random()} " * 160, f"question {i}") for i in range(160)]
-    hot = [_payload(_system(99), f"question {i}: {rng.random()}") for i in range(240)]
+    shared = [_payload(_system(i % 8), f"question {i}: {rng.random()}") for i in range(160)]
+    unique = [_payload(f"{rng.random()} " * 160, f"question {i}") for i in range(60)]
+    hot = [_payload(_system(99), f"question {i}: {rng.random()}") for i in range(120)]
     return {"shared": shared, "unique": unique, "hot": hot}
 
 
@@ -154,15 +154,15 @@ def _before(ports: list[int]) -> dict[str, list[float]]:
 
 
 def _noisy(urls: list[str], noisy_key: str, quiet_key: str) -> dict[str, Any]:
-    quiet_payloads = [_payload(_system(50), f"quiet {i}") for i in range(20)]
+    quiet_payloads = [_payload(_system(50), f"quiet {i}") for i in range(12)]
     solo, _, _ = asyncio.run(_load(urls, quiet_key, quiet_payloads, concurrency=1))
 
     async def both() -> tuple[tuple[list[float], int, int], tuple[list[float], int, int]]:
-        noisy = [_payload(_system(60 + i % 4), f"noisy {i}") for i in range(400)]
+        noisy = [_payload(_system(60 + i % 4), f"noisy {i}") for i in range(200)]
         loud = asyncio.ensure_future(_load(urls, noisy_key, noisy, concurrency=2 * WORKERS * CAPACITY))
         await asyncio.sleep(0.5)
         quiet = await _load(
-            urls, quiet_key, [_payload(_system(50), f"quiet again {i}") for i in range(20)], concurrency=1
+            urls, quiet_key, [_payload(_system(50), f"quiet again {i}") for i in range(12)], concurrency=1
         )
         return await loud, quiet
 

@@ -89,8 +89,29 @@ class Slot:
 
     def release(self) -> None:
         _unplace(self.worker_id)
-        if self.token:
+        if self.token and not _hand_over(self.worker_id, self.token):
             _table().release(self.worker_id, self.token)
+
+
+def _hand_over(worker_id: str, token: str) -> bool:
+    """Give a freed slot straight to this process's next waiter that can use it (its lease just changes
+    hands: no Redis round trip, and no other process can take it in between); False when none waits."""
+    try:
+        state = _loops.get(asyncio.get_running_loop())
+    except RuntimeError:
+        return False
+    if state is None:
+        return False
+    for queue in state.queues.values():
+        waiter = queue.head()
+        while waiter is not None and waiter.future.done():
+            queue.pop_head()
+            waiter = queue.head()
+        if waiter is not None and any(w == worker_id and cap is not None for w, cap in waiter.candidates):
+            queue.pop_head()
+            waiter.future.set_result(token)
+            return True
+    return False
 
 
 # Candidate workers in preference order, each with its capacity (None: unlimited).
