@@ -148,21 +148,24 @@ def test_a_worker_never_runs_more_than_its_capacity(gateway_server, fleet):
 def test_a_quiet_account_is_not_starved_by_a_noisy_one(gateway_server, fleet):
     fleet(1, latency_ms=100, capacity=1)
     noisy, quiet = _secret("noisy"), _secret("quiet")
+    finished: list[str] = []
 
-    async def main() -> tuple[list[float], float]:
+    async def send(http: httpx.AsyncClient, who: str, secret: str) -> httpx.Response:
+        response, _ = await _achat(http, secret, who)
+        finished.append(who)
+        return response
+
+    async def main() -> None:
         async with httpx.AsyncClient(base_url=gateway_server.url, timeout=30) as http:
-            burst = [asyncio.ensure_future(_achat(http, noisy, f"n{i}")) for i in range(10)]
+            burst = [asyncio.ensure_future(send(http, "noisy", noisy)) for _ in range(10)]
             await asyncio.sleep(0.15)  # the burst is queued first
-            response, quiet_latency = await _achat(http, quiet, "q")
-            assert response.status_code == 200
-            results = await asyncio.gather(*burst)
-            assert {r.status_code for r, _ in results} == {200}
-        return [latency for _, latency in results], quiet_latency
+            assert (await send(http, "quiet", quiet)).status_code == 200
+            assert {r.status_code for r in await asyncio.gather(*burst)} == {200}
 
-    noisy_latencies, quiet_latency = asyncio.run(main())
-    # In turn: the quiet account's one request goes next, not after the nine noisy ones still waiting.
-    assert quiet_latency < 0.45, quiet_latency
-    assert max(noisy_latencies) > 0.9
+    asyncio.run(main())
+    # In turn: the quiet account's one request goes next (after the noisy one running and, at most, the
+    # noisy one whose turn it was), not after the nine noisy ones waiting before it (first come, first served).
+    assert finished.index("quiet") <= 3, finished
 
 
 def test_high_priority_goes_first_and_low_is_refused_at_once(gateway_server, fleet):
