@@ -41,6 +41,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
+from redis.exceptions import RedisError
 
 from workers import fleet
 
@@ -51,6 +52,7 @@ LEASE_S = 15.0
 POLL_S = 0.02
 
 _tokens = itertools.count(1)
+_warned_at = float("-inf")  # the last "Redis unreachable" warning: one a minute, not one a request
 # Requests this process has placed on each worker and not finished: from the slot to the answer's end,
 # so a burst that has been placed but not yet forwarded (its reservation is being taken) already counts
 # in the next selection's load (workers.routing).
@@ -363,7 +365,16 @@ async def _admit(*, model_id: str, candidates: Candidates, account: object, prio
     state = _state()
     queue = state.queues.get(model_id)
     if queue is None or not queue.size:
-        granted = await _table().acquire(candidates)
+        try:
+            granted = await _table().acquire(candidates)
+        except (RedisError, OSError) as exc:
+            # Redis unreachable: the request goes on ungated (the runtime's own queue absorbs any excess)
+            # rather than failing; the rate limits make the same choice (docs/operations.md).
+            global _warned_at
+            if time.monotonic() - _warned_at > 60:
+                _warned_at = time.monotonic()
+                log.warning("capacity slots unavailable (%s); requests are not gated", type(exc).__name__)
+            return Slot(worker_id=candidates[0][0])
         if granted is not None:
             return _slot_of(granted, waited_s=0.0)
     if priority == "low":
