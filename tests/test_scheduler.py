@@ -356,3 +356,21 @@ def test_the_prefix_index_is_bounded_and_scoring_is_cheap(monkeypatch):
         timings.append(time.perf_counter() - started)
     assert sorted(timings)[100] < 0.0001  # p50 under 0.1 ms for a 1.6K-character prompt
     assert Counter(prefix.matches(prefix.block_hashes(model="other/model", texts=texts))) == Counter()
+
+
+def test_a_mixed_pool_prefers_the_capped_worker_with_room_and_spills_to_an_uncapped_one():
+    from workers import queue
+
+    async def main() -> list[str]:
+        candidates = [("capped", 1), ("open", None)]
+        first = await queue.admit(model_id=MODEL, candidates=candidates, account=1, priority="low")
+        second = await queue.admit(model_id=MODEL, candidates=candidates, account=1, priority="low")
+        first.release()
+        await asyncio.sleep(0.1)  # under Redis the slot is given back in the background, one round trip
+        third = await queue.admit(model_id=MODEL, candidates=candidates, account=1, priority="low")
+        third.release()
+        second.release()
+        return [first.worker_id, second.worker_id, third.worker_id]
+
+    # Never saturated (an uncapped worker is eligible), so even `low` is served, never refused.
+    assert asyncio.run(main()) == ["capped", "open", "capped"]

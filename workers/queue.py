@@ -359,9 +359,13 @@ async def admit(*, model_id: str, candidates: Candidates, account: object, prior
 
 
 async def _admit(*, model_id: str, candidates: Candidates, account: object, priority: str) -> Slot:
-    for worker_id, cap in candidates:
-        if cap is None:
-            return Slot(worker_id=worker_id)
+    # In preference order: the capped workers before the first uncapped one are asked for a slot; failing
+    # those, the uncapped one takes the request (it never saturates, so the pool is not saturated).
+    ungated = next((i for i, (_, cap) in enumerate(candidates) if cap is None), None)
+    if ungated is not None:
+        preferred = candidates[:ungated]
+        granted = await _try(preferred) if preferred else None
+        return _slot_of(granted, waited_s=0.0) if granted else Slot(worker_id=candidates[ungated][0])
     state = _state()
     queue = state.queues.get(model_id)
     if queue is None or not queue.size:
@@ -415,6 +419,14 @@ async def _admit(*, model_id: str, candidates: Candidates, account: object, prio
     waited = time.monotonic() - waiter.since
     _note_wait(model_id, priority, waited)
     return _slot_of(granted, waited_s=waited)
+
+
+async def _try(candidates: Candidates) -> str | None:
+    """A slot on one of `candidates` without waiting; None when all are full or Redis is unreachable."""
+    try:
+        return await _table().acquire(candidates)
+    except (RedisError, OSError):
+        return None
 
 
 def _note_wait(model_id: str, priority: str, waited: float) -> None:
