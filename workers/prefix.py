@@ -8,7 +8,7 @@ request's `prompt_cache_key`, so a key alone is one block that every request car
 explicit affinity key), and different models never match.
 
 The index maps a block hash to the workers it was sent to, one least-recently-used table of at most
-CAPACITY hashes for the whole process (about 200 bytes a hash: ~40 MB at the default). A lookup walks the
+CAPACITY hashes for the whole process (about 400 bytes a hash, measured: ~40 MB when full). A lookup walks the
 request's hashes in order and counts, per worker, the run of blocks from the start that it holds: the
 longest run is where the runtime most probably still has the prefix cached.
 
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 BLOCK_CHARS = 64  # vLLM's 16-token block at about 4 characters a token
 MAX_BLOCKS = 256  # prompts longer than 16K characters match on their first 16K
-CAPACITY = 200_000
+CAPACITY = 100_000  # hashes (~40 MB); the endpoint picker keeps 31,250 per server
 
 _index: OrderedDict[int, dict[str, None]] = OrderedDict()
 # worker id -> [blocks matched on the worker chosen, blocks asked]: the prefix-hit estimate in /metrics.
