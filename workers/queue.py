@@ -104,7 +104,12 @@ def _hand_over(worker_id: str, token: str) -> bool:
         return False
     if state is None:
         return False
-    for queue in state.queues.values():
+    for model_id, queue in state.queues.items():
+        if state.contested.get(model_id):
+            # Another process has requests waiting for this model too: the slot goes back to Redis and
+            # every process's head asks on an equal footing (its next poll), or this process would keep
+            # the slot for its own queue for as long as it has one.
+            continue
         waiter = queue.head()
         while waiter is not None and waiter.future.done():
             queue.pop_head()
@@ -160,6 +165,25 @@ for i, key in ipairs(KEYS) do
 end
 return 0
 """
+# KEYS: the model's waiting hash; ARGV: this process, "1" while it has waiters ("0": it has none now).
+# Returns 1 when another process has said within the last 500 ms that it has waiters for the model.
+_WAITING = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[2] == '1' then
+  redis.call('HSET', KEYS[1], ARGV[1], now + 500)
+  redis.call('PEXPIRE', KEYS[1], 2000)
+else
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if all[i] ~= ARGV[1] and tonumber(all[i + 1]) > now then
+    return 1
+  end
+end
+return 0
+"""
 # KEYS: slot sets; ARGV: lease ms, then one token per key: extend each lease still held.
 _RENEW = """
 local t = redis.call('TIME')
@@ -181,6 +205,7 @@ class _RedisSlots:
         self.client = aioredis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
         self.acquire_script = self.client.register_script(_ACQUIRE)
         self.renew_script = self.client.register_script(_RENEW)
+        self.waiting_script = self.client.register_script(_WAITING)
         self.mine: dict[str, str] = {}  # token -> worker id: this process's held slots
         self.local: dict[str, int] = {}
         self.renewer: asyncio.Task[None] | None = None
@@ -214,12 +239,18 @@ class _RedisSlots:
             self.local[worker_id] = count
         else:
             self.local.pop(worker_id, None)
-        _wake()
+        # No instant wake of this process's waiters: a slot _hand_over did not keep is for whichever
+        # process's head asks first, each on its next poll.
         try:
             task = asyncio.get_running_loop().create_task(self._free(worker_id, token))
         except RuntimeError:
             return  # no loop (a shutdown): the lease runs out within LEASE_S
         task.add_done_callback(_quiet)
+
+    async def note_waiting(self, model_id: str, *, waiting: bool) -> bool:
+        """Say whether this process has waiters for the model; whether another process has."""
+        key = f"si:waiting:{connection.settings_dict['NAME']}:{model_id}"
+        return bool(await self.waiting_script(keys=[key], args=[fleet.PROCESS, "1" if waiting else "0"]))
 
     async def _free(self, worker_id: str, token: str) -> None:
         await self.client.zrem(self.key(worker_id), token)
@@ -300,6 +331,7 @@ class _ModelQueue:
 class _LoopState:
     queues: dict[str, _ModelQueue] = field(default_factory=dict)
     dispatchers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    contested: dict[str, bool] = field(default_factory=dict)  # model -> another process has waiters too
     freed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -437,6 +469,19 @@ def _note_wait(model_id: str, priority: str, waited: float) -> None:
 
 async def _dispatch(model_id: str, queue: _ModelQueue, state: _LoopState) -> None:
     """Hand freed slots to this process's waiters for the model, the head first, until none wait."""
+    try:
+        await _dispatch_loop(model_id, queue, state)
+    finally:
+        state.contested.pop(model_id, None)
+        table = _table()
+        if isinstance(table, _RedisSlots):
+            try:
+                await table.note_waiting(model_id, waiting=False)
+            except (RedisError, OSError):
+                pass  # its mark runs out within 500 ms
+
+
+async def _dispatch_loop(model_id: str, queue: _ModelQueue, state: _LoopState) -> None:
     while True:
         waiter = queue.head()
         if waiter is None:
@@ -444,8 +489,11 @@ async def _dispatch(model_id: str, queue: _ModelQueue, state: _LoopState) -> Non
         if waiter.future.done():
             queue.pop_head()
             continue
+        table = _table()
         try:
-            granted = await _table().acquire(waiter.candidates)
+            if isinstance(table, _RedisSlots):
+                state.contested[model_id] = await table.note_waiting(model_id, waiting=True)
+            granted = await table.acquire(waiter.candidates)
         except Exception as exc:  # Redis unreachable: the waiters time out rather than overfill a GPU
             log.warning("capacity slot request failed (%s)", type(exc).__name__)
             granted = None
