@@ -114,10 +114,16 @@ def _hand_over(worker_id: str, token: str) -> bool:
         while waiter is not None and waiter.future.done():
             queue.pop_head()
             waiter = queue.head()
-        if waiter is not None and any(w == worker_id and cap is not None for w, cap in waiter.candidates):
-            queue.pop_head()
-            waiter.future.set_result(token)
-            return True
+        if waiter is None or not any(w == worker_id and cap is not None for w, cap in waiter.candidates):
+            continue
+        # The head's turn, on the worker it prefers (its prefix holder) if this is it; else the next waiter
+        # of the same priority, in turn, that prefers this worker takes the slot (the head gets the next
+        # one freed on its own worker, soon: a prefix miss would cost it a cold prefill); none: the head.
+        if waiter.candidates[0][0] != worker_id:
+            waiter = queue.preferring(waiter.priority, worker_id) or waiter
+        queue.take(waiter)
+        waiter.future.set_result(token)
+        return True
     return False
 
 
@@ -314,6 +320,27 @@ class _ModelQueue:
                 else:
                     del level[account]
                 return
+
+    def preferring(self, priority: str, worker_id: str, *, scan: int = 64) -> _Waiter | None:
+        """The first waiter of `priority`, in the accounts' turn, whose first choice is `worker_id`."""
+        for i, waiters in enumerate(self.levels[priority].values()):
+            if i >= scan:
+                return None
+            for waiter in itertools.islice(waiters, 4):
+                if not waiter.future.done() and waiter.candidates[0][0] == worker_id:
+                    return waiter
+        return None
+
+    def take(self, waiter: _Waiter) -> None:
+        """Serve `waiter`: out of the queue, and its account to the back of its priority's turn."""
+        level = self.levels[waiter.priority]
+        waiters = level[waiter.account]
+        waiters.remove(waiter)
+        self.size -= 1
+        if waiters:
+            level.move_to_end(waiter.account)
+        else:
+            del level[waiter.account]
 
     def remove(self, waiter: _Waiter) -> None:
         waiters = self.levels[waiter.priority].get(waiter.account)
