@@ -126,7 +126,9 @@ def test_a_hot_prefix_spreads_over_the_workers(gateway_server, fleet, settings):
 
     asyncio.run(main())
     served = _served_by(sims)
-    assert max(served) <= 0.6 * sum(served), served  # bounded load: the holder is not the only one
+    # Bounded load: the holder does not take them all; the prefix spreads to as many workers as its load
+    # needs (two here: nine at once against a bound of 1.5 x the mean + 1 each).
+    assert sum(1 for n in served if n) >= 2 and max(served) <= 0.7 * sum(served), served
 
 
 def test_a_worker_never_runs_more_than_its_capacity(gateway_server, fleet):
