@@ -33,6 +33,7 @@ class KeyInfo:
     expires_at: datetime | None
     revoked: bool
     monthly_budget: int | None = None  # micro-credits per calendar month (UTC)
+    priority: str = "normal"  # high | normal | low (workers.queue)
 
 
 _entries: dict[str, tuple[float, KeyInfo]] = {}

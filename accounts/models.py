@@ -136,6 +136,10 @@ class ApiKey(models.Model):
     # Micro-credits the key may spend per calendar month (UTC); None means no cap.
     # Enforced by the reservation statement against billing.KeySpend.
     monthly_budget = models.BigIntegerField(null=True, blank=True, help_text="micro-credits per calendar month (UTC)")
+    # Served first (high) or refused at once (low) while a model's workers are all at capacity (workers.queue).
+    priority = models.CharField(
+        max_length=6, choices=[("high", "high"), ("normal", "normal"), ("low", "low")], default="normal"
+    )
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)

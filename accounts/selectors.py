@@ -43,6 +43,7 @@ def _key_info(api_key: ApiKey) -> KeyInfo:
         expires_at=api_key.expires_at,
         revoked=api_key.revoked_at is not None,
         monthly_budget=api_key.monthly_budget,
+        priority=api_key.priority,
     )
 
 

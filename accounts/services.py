@@ -122,6 +122,7 @@ def api_key_create(
     tpm: int | None = None,
     expires_at: datetime | None = None,
     monthly_budget: int | None = None,
+    priority: str = "normal",
     actor: object = "",
     via: str = "",
 ) -> CreatedKey:
@@ -136,6 +137,7 @@ def api_key_create(
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError({"expires": "must be in the future"})
     _validate_budget(monthly_budget)
+    _validate_priority(priority)
     lookup, secret = generate_key()
     api_key = ApiKey(
         account=account,
@@ -148,6 +150,7 @@ def api_key_create(
         tpm=tpm,
         expires_at=expires_at,
         monthly_budget=monthly_budget,
+        priority=priority,
     )
     api_key.full_clean()
     with transaction.atomic():
@@ -162,6 +165,24 @@ def api_key_create(
             budget=_budget_words(api_key.monthly_budget),
         )
     return CreatedKey(api_key=api_key, secret=secret)
+
+
+KEY_PRIORITIES = ("high", "normal", "low")
+
+
+def _validate_priority(priority: str) -> None:
+    if priority not in KEY_PRIORITIES:
+        raise ValidationError({"priority": f"must be one of {', '.join(KEY_PRIORITIES)}"})
+
+
+def api_key_set_priority(*, api_key: ApiKey, priority: str, actor: object = "", via: str = "") -> ApiKey:
+    _validate_priority(priority)
+    with transaction.atomic():
+        ApiKey.objects.filter(pk=api_key.pk).update(priority=priority)
+        api_key.priority = priority
+        _audit(actor, "key.priority", api_key, via=via, priority=priority)
+    key_cache.forget(api_key.digest)
+    return api_key
 
 
 def _validate_budget(monthly_budget: int | None) -> None:

@@ -1043,7 +1043,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--tracing", action="store_true", help="only the tracing scenario: the gateway with OTLP export off and on"
     )
+    parser.add_argument(
+        "--scheduling",
+        action="store_true",
+        help="only the scheduling scenario: multi-tenant workloads through each policy (bench/scheduling.py)",
+    )
     args = parser.parse_args(argv)
+    if args.scheduling:
+        from scheduling import bench_scheduling
+
+        text = bench_scheduling(args)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "scheduling.md").write_text(text + "\n")
+        print()
+        print(text)
+        return
     args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     args.workers = [int(w) for w in args.workers.split(",")]
     args.latencies = [int(x) for x in args.latencies.split(",")]

@@ -114,6 +114,8 @@ class UsageRecord(models.Model):
     )
     latency_ms = models.PositiveIntegerField(default=0)
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
+    # Time it waited in the gateway for a capacity slot before it ran (workers.queue).
+    queue_wait_ms = models.PositiveIntegerField(default=0, db_default=0)
     streamed = models.BooleanField(default=False)
     status = models.CharField(max_length=32, choices=Status.choices, default=Status.OK)
     error_code = models.CharField(max_length=64, blank=True)

@@ -71,6 +71,7 @@ def usage_fields(outcome: RequestOutcome | None, *, status: str, error_code: str
         "worker_id": outcome.worker_id,
         "latency_ms": outcome.latency_ms(),
         "ttft_ms": outcome.ttft_ms(),
+        "queue_wait_ms": outcome.queue_wait_ms,
         "streamed": outcome.streamed,
         "status": status,
         "error_code": error_code,

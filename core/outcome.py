@@ -27,6 +27,7 @@ class RequestOutcome:
     latency: float | None = None  # seconds, when fixed (a record made outside the gateway); else elapsed()
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    queue_wait_ms: int = 0  # time it waited in the gateway for a capacity slot (workers.queue)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started

@@ -14,10 +14,15 @@ On a machine with an NVIDIA GPU it
  6. runs `manage.py workeragent --once` for both workers with an unreachable DATABASE_URL (the agent needs
     none) and prints the GPU metadata SpeedInfer stored;
  7. probes, sends chat requests with the openai SDK through the gateway (streamed and not) and the same
-    requests straight to Triton, and prints the usage settled and the added latency and time to first token.
+    requests straight to Triton, and prints the usage settled and the added latency and time to first token;
+ 8. prefix affinity (docs/scheduler.md): registers the runtime twice more for a third model (two worker ids,
+    one runtime), sends three tenants' requests with long distinct system prompts and one tenant's with a
+    `prompt_cache_key`, and prints which worker served each tenant (from the gateway's /metrics): each
+    tenant's requests stay on one worker.
 
-`--dry-run` (no GPU needed): checks the prerequisites, prints the plan, and runs steps 5 and 6 (the agent
-registers the Triton worker without GPU metadata against a started SpeedInfer); exits 0 when those work.
+`--dry-run` (no GPU needed): checks the prerequisites, prints the plan, and runs steps 5, 6 and 8 (the agent
+registers the Triton worker without GPU metadata against a started SpeedInfer; step 8 against two
+simulators with the GPU model, devtools/simulator.py, instead of Triton); exits 0 when those work.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ PYTRITON = "nvidia-pytriton==0.7.0"
 NUMPY_FOR_STUB = "numpy==1.26.4"
 MODEL_PLAIN = "gpucheck/tiny-lm"
 MODEL_STREAM = "gpucheck/tiny-lm-stream"
+MODEL_AFFINITY = "gpucheck/affinity"
 TENSORS = {
     "input_name": "text_input",
     "max_tokens_input_name": "max_tokens",
@@ -265,6 +271,8 @@ def plan(args: argparse.Namespace, status: dict[str, Any]) -> None:
         f"probeworkers; {args.requests} requests each (after {args.warmup} warm-ups): openai SDK through the gateway "
         "plain and streamed, the same straight to Triton (/infer, /generate_stream)",
         "print usage settled (/v1/usage, /v1/key) and added latency / time to first token (p50, p90)",
+        "prefix affinity: the runtime registered as two workers for a third model; three tenants with long "
+        "system prompts and one prompt_cache_key; each stays on one worker (gateway /metrics)",
     ]
     for i, step in enumerate(steps, 1):
         say(f"   {i}. {step}")
@@ -403,7 +411,7 @@ class SpeedInfer:
     def seed(self) -> None:
         say("== SpeedInfer: seed an embedded SQLite")
         self.manage("migrate", "--noinput", "-v", "0")
-        for model in (MODEL_PLAIN, MODEL_STREAM):
+        for model in (MODEL_PLAIN, MODEL_STREAM, MODEL_AFFINITY):
             self.manage("registermodel", model, "--input-price", "1", "--output-price", "2")
         account = self.manage("createaccount", "gpu-check").strip().splitlines()[-1]
         self.manage("grantcredits", account, "100")
@@ -576,6 +584,93 @@ def measure(speedinfer: SpeedInfer, triton: str, args: argparse.Namespace) -> di
     return {"timings_s": timings, "stream_note": stream_note, "usage_records": len(usage), "balance": key["balance"]}
 
 
+# ---------------------------------------------------------------- 8. prefix affinity
+
+
+def _served_by_worker(speedinfer: SpeedInfer) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{speedinfer.url}/metrics", timeout=10).text
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "speedinfer_requests_total" and sample.labels.get("model") == MODEL_AFFINITY:
+                worker = sample.labels.get("worker", "-")
+                counts[worker] = counts.get(worker, 0.0) + sample.value
+    return counts
+
+
+def prefix_affinity(speedinfer: SpeedInfer, workers: list[dict[str, Any]], *, requests: int = 4) -> dict[str, Any]:
+    """Register `workers` (one runtime under two ids) for MODEL_AFFINITY, then show each tenant sticking."""
+    say("== prefix affinity (SPEEDINFER_ROUTING_POLICY=prefix, the default)")
+    for doc in workers:
+        path = speedinfer.folder / f"{doc['worker_id']}.json"
+        path.write_text(json.dumps(doc))
+        say("   " + speedinfer.manage("registerworker", str(path)).strip().splitlines()[-1])
+    speedinfer.manage("probeworkers")
+    placed: dict[str, dict[str, float]] = {}
+    with httpx.Client(timeout=60) as client:
+        tenants = [(f"tenant {n}", {"system": f"Tenant {n} handbook. " * 60}) for n in range(3)]
+        tenants.append(("prompt_cache_key", {"prompt_cache_key": "gpu-check-user-7"}))
+        for name, how in tenants:
+            before = _served_by_worker(speedinfer)
+            for i in range(requests):
+                messages = [{"role": "user", "content": f"{PROMPT} ({name}, question {i})"}]
+                if "system" in how:
+                    messages.insert(0, {"role": "system", "content": how["system"]})
+                body: dict[str, Any] = {"model": MODEL_AFFINITY, "max_tokens": 8, "messages": messages}
+                if "prompt_cache_key" in how:
+                    body["prompt_cache_key"] = how["prompt_cache_key"]
+                response = client.post(
+                    f"{speedinfer.url}/v1/chat/completions",
+                    json=body,
+                    headers={"Authorization": f"Bearer {speedinfer.chat_key}"},
+                )
+                response.raise_for_status()
+                cached = ((response.json().get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+                if cached is not None and i == requests - 1:
+                    say(f"   {name}: last request's cached_tokens {cached} (the runtime's prefix cache)")
+            after = _served_by_worker(speedinfer)
+            delta = {w: after.get(w, 0.0) - before.get(w, 0.0) for w in after if after.get(w, 0.0) > before.get(w, 0.0)}
+            placed[name] = delta
+            say(f"   {name}: " + ", ".join(f"{int(n)} on {w}" for w, n in sorted(delta.items())))
+    sticky = all(len(delta) == 1 for delta in placed.values())
+    say("   every tenant stayed on one worker" if sticky else "   a tenant was split across workers")
+    return {"placed": placed, "sticky": sticky}
+
+
+def affinity_workers(*, endpoint: str, runtime: str, config: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "worker_id": f"gpu-check-affinity-{suffix}",
+            "worker_type": "nvidia-gpu",
+            "runtime": runtime,
+            "runtime_endpoint": endpoint,
+            "supported_models": [MODEL_AFFINITY],
+            "runtime_config": config,
+        }
+        for suffix in ("a", "b")
+    ]
+
+
+@contextmanager
+def simulators(folder: Path) -> Iterator[list[str]]:
+    """Two simulators with the GPU model (the dry run's stand-in for a runtime with a prefix cache)."""
+    with ExitStack() as stack:
+        urls = []
+        for i in range(2):
+            port = free_port()
+            command = [sys.executable, "-m", "devtools.simulator", "--port", str(port), "--model", MODEL_AFFINITY]
+            command += ["--kv-blocks", "512", "--max-concurrency", "4"]
+            url = f"http://127.0.0.1:{port}"
+            log = folder / f"simulator-{i}.log"
+            stack.enter_context(
+                process(command, env=dict(os.environ), log=log, ready_url=f"{url}/v1/models", timeout=30)
+            )
+            urls.append(f"{url}/v1")
+        yield urls
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -645,9 +740,20 @@ def main(argv: list[str] | None = None) -> int:
             if documents[0]["status"]["agent"]["runtime_ready"] is not False:
                 say("the agent reported a runtime that is not running as ready")
                 return 1
+            sims = stack.enter_context(simulators(folder))
+            docs = affinity_workers(endpoint=sims[0], runtime="cuda", config={"transport": "openai"})
+            docs[1]["runtime_endpoint"] = sims[1]
+            affinity = prefix_affinity(speedinfer, docs)
+            result["affinity"] = affinity
+            if not affinity["sticky"]:
+                return 1
             say("== dry run passed: SpeedInfer started, the agent registered both workers through the API")
         else:
             result.update(measure(speedinfer, triton_url, args))
+            config = {"model_name": "tiny_lm", **TENSORS}
+            result["affinity"] = prefix_affinity(
+                speedinfer, affinity_workers(endpoint=triton_url, runtime="triton", config=config)
+            )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

@@ -31,6 +31,14 @@ prompt text, e.g. "[sim latency=50 deltas=8 delay=20 status=500 no-usage cut=3 h
 - comments     streaming: send the headers, then only SSE comments, forever
 
 The same knobs exist as constructor arguments / CLI flags for a whole worker.
+
+A GPU model (`--kv-blocks N`, off by default so the plain simulator's timing is unchanged): the prompt
+text (messages' text in order, or the prompt) is cut into 64-character blocks (16 tokens at about 4
+characters a token) with a chained hash, and the worker keeps an LRU prefix KV cache of N blocks. A
+request's leading run of cached blocks is reused: prefill takes `--prefill-ms` per uncached block, decode
+`--decode-ms` per completion token, inside the batch slot (`--max-concurrency`). Usage reports
+`prompt_tokens_details.cached_tokens` (16 a cached block), and /metrics adds `vllm:gpu_cache_usage_perc`
+and the prefix-cache counters `vllm:prefix_cache_queries_total` / `vllm:prefix_cache_hits_total` (tokens).
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ import struct
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -70,6 +78,51 @@ class Behaviour:
     comments_only: bool = False
 
 
+@dataclass(frozen=True)
+class GpuModel:
+    """A block-level prefix KV cache with a capacity, and prefill/decode timing (module docstring)."""
+
+    kv_blocks: int = 4096
+    prefill_ms_per_block: float = 2.0
+    decode_ms_per_token: float = 1.0
+
+
+BLOCK_CHARS = 64
+TOKENS_PER_BLOCK = 16
+
+
+class _PrefixCache:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.queried_tokens = 0
+        self.hit_tokens = 0
+
+    def admit(self, text: str) -> tuple[int, int]:
+        """(cached blocks, all blocks) of the prompt; its blocks are then cached, the oldest evicted."""
+        hashes: list[int] = []
+        previous = 0
+        for i in range(len(text) // BLOCK_CHARS):
+            previous = hash((previous, text[i * BLOCK_CHARS : (i + 1) * BLOCK_CHARS]))
+            hashes.append(previous)
+        cached = 0
+        for h in hashes:
+            if h not in self.blocks:
+                break
+            cached += 1
+        for h in hashes:
+            self.blocks[h] = None
+            self.blocks.move_to_end(h)
+        while len(self.blocks) > self.capacity:
+            self.blocks.popitem(last=False)
+        self.queried_tokens += len(hashes) * TOKENS_PER_BLOCK
+        self.hit_tokens += cached * TOKENS_PER_BLOCK
+        return cached, len(hashes)
+
+    def usage(self) -> float:
+        return len(self.blocks) / self.capacity if self.capacity else 0.0
+
+
 @dataclass
 class SimulatorStats:
     requests: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=200))
@@ -78,6 +131,9 @@ class SimulatorStats:
     completed: int = 0  # answers begun with a 200 (every one, unlike `requests`, which keeps the last 200)
     running: int = 0
     waiting: int = 0
+    peak_running: int = 0  # the most requests it ever ran at once
+    cached_blocks: int = 0  # GPU model: prompt blocks found in the prefix cache, and all prompt blocks
+    prompt_blocks: int = 0
 
 
 def _texts(body: dict[str, Any]) -> list[str]:
@@ -133,8 +189,11 @@ class Simulator:
         behaviour: Behaviour | None = None,
         api_key: str = "",
         max_concurrency: int = 0,
+        gpu: GpuModel | None = None,
     ) -> None:
         self.models = models
+        self.gpu = gpu
+        self.cache = _PrefixCache(gpu.kv_blocks) if gpu is not None else None
         self.behaviour = behaviour or Behaviour()
         self.api_key = api_key
         self.max_concurrency = max_concurrency  # 0: unbounded
@@ -164,6 +223,19 @@ class Simulator:
             "# TYPE vllm:request_success_total counter\n"
             f'vllm:request_success_total{{model_name="{self.models[0]}"}} {stats.completed}\n'
         )
+        # Not vLLM's: the most requests it ever ran at once (make bench's capacity check reads it).
+        text += f"# TYPE simulator_peak_running gauge\nsimulator_peak_running {stats.peak_running}\n"
+        if self.cache is not None:
+            label = f'{{model_name="{self.models[0]}"}}'
+            text += (
+                "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.\n"
+                "# TYPE vllm:gpu_cache_usage_perc gauge\n"
+                f"vllm:gpu_cache_usage_perc{label} {self.cache.usage():.4f}\n"
+                "# TYPE vllm:prefix_cache_queries counter\n"
+                f"vllm:prefix_cache_queries_total{label} {self.cache.queried_tokens}\n"
+                "# TYPE vllm:prefix_cache_hits counter\n"
+                f"vllm:prefix_cache_hits_total{label} {self.cache.hit_tokens}\n"
+            )
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     def _denied(self, request: web.Request) -> web.Response | None:
@@ -279,6 +351,7 @@ class Simulator:
 
     async def _answer(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         self.stats.running += 1
+        self.stats.peak_running = max(self.stats.peak_running, self.stats.running)
         try:
             return await self._answer_running(request, chat=chat)
         finally:
@@ -296,15 +369,25 @@ class Simulator:
             await asyncio.sleep(how.latency_ms / 1000)
         if how.status != 200:
             return _error(how.status, f"simulated failure {how.status}")
-        self.stats.completed += 1
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         count = max(0, min(how.deltas, int(limit))) if limit else how.deltas
+        cached_tokens: int | None = None
+        if self.cache is not None and self.gpu is not None:
+            cached, blocks = self.cache.admit("\x1e".join(texts))
+            self.stats.cached_blocks += cached
+            self.stats.prompt_blocks += blocks
+            cached_tokens = cached * TOKENS_PER_BLOCK
+            work_ms = (blocks - cached) * self.gpu.prefill_ms_per_block + count * self.gpu.decode_ms_per_token
+            await asyncio.sleep(work_ms / 1000)
+        self.stats.completed += 1
         pieces = [_WORDS[i % len(_WORDS)] for i in range(count)]
         usage: dict[str, Any] = {
             "prompt_tokens": sum(len(t.split()) for t in texts),
             "completion_tokens": count,
             "total_tokens": sum(len(t.split()) for t in texts) + count,
         }
+        if cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
         if how.usage is not None:
             usage = {"prompt_tokens": how.usage[0], "completion_tokens": how.usage[1]}
             if all(type(n) is int for n in how.usage):
@@ -512,12 +595,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-concurrency", type=int, default=0, help="requests served at once; the rest queue (0: unbounded)"
     )
+    parser.add_argument("--kv-blocks", type=int, default=0, help="GPU model: prefix KV-cache blocks (0: off)")
+    parser.add_argument("--prefill-ms", type=float, default=2.0, help="GPU model: ms per uncached 64-char block")
+    parser.add_argument("--decode-ms", type=float, default=1.0, help="GPU model: ms per completion token")
     args = parser.parse_args(argv)
+    gpu = GpuModel(args.kv_blocks, args.prefill_ms, args.decode_ms) if args.kv_blocks > 0 else None
     simulator = Simulator(
         models=tuple(args.model or ["acme/model-1", "acme/embed-1", "acme/rerank-1"]),
         behaviour=Behaviour(latency_ms=args.latency_ms, deltas=args.deltas, delay_ms=args.delay_ms),
         api_key=args.api_key,
         max_concurrency=args.max_concurrency,
+        gpu=gpu,
     )
     try:
         import uvloop

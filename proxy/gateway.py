@@ -2,7 +2,8 @@
 in the documented order.
 
 parse and validate -> authenticate -> scope, model, allow-list -> rate limits
--> select workers by capability (streaming support) -> reserve -> forward (one retry on another worker
+-> select workers by capability (streaming support) and prefix affinity -> a capacity slot (waiting
+while the model's pool is saturated: workers.queue) -> reserve -> forward (one retry on another worker
 while nothing has reached the client) -> settle -> answer.
 
 Each step past the rate limits lives in its own module:
@@ -32,7 +33,7 @@ from proxy.payloads import parse_completion
 from proxy.ratelimit import rate_limit_admit, rate_limit_refund
 from proxy.responses import parse_rerank, parse_responses
 from proxy.streaming import stream
-from proxy.upstream import complete, select
+from proxy.upstream import admit, complete, prefix_hashes, select
 from runtimes.request import EMBEDDINGS, ENDPOINT_PATHS, RERANK, RESPONSES, CompletionParams
 
 CLAMPED_HEADER = b"x-speedinfer-max-tokens-clamped"
@@ -92,9 +93,14 @@ async def _serve(ex: Exchange, params: CompletionParams, key: KeyInfo, calls: li
 
     calls.append(call)
     lease: asyncio.Task[None] | None = None
+    slot = None
     try:
-        call.clients = await select(params)
-        # A request queue for a saturated pool waits here, inside `with ex.trace.step("queue_wait"):`.
+        hashes = prefix_hashes(params)
+        call.clients = await select(params, hashes=hashes)
+        # The slot before the reservation: a request that waits for capacity and never runs holds no
+        # credits (docs/scheduler.md).
+        with ex.trace.step("queue_wait"):
+            slot = await admit(call, hashes=hashes)
         with ex.trace.step("reserve"):
             await call.reserve()
         lease = asyncio.create_task(call.keep_lease())
@@ -105,6 +111,8 @@ async def _serve(ex: Exchange, params: CompletionParams, key: KeyInfo, calls: li
     finally:
         if lease is not None:
             lease.cancel()
+        if slot is not None:
+            slot.release()
         outcome = ex.outcome
         outcome.worker_id = call.worker.worker_id if call.worker else ""
         if call.usage is not None:

@@ -240,6 +240,9 @@ def parse_completion(raw: bytes, *, endpoint: str) -> CompletionParams:
             raise invalid("'stop' must be a string or an array of up to 4 strings", "stop")
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise invalid("'user' must be a string", "user")
+    cache_key = body.get("prompt_cache_key")
+    if cache_key is not None and not isinstance(cache_key, str):
+        raise invalid("'prompt_cache_key' must be a string", "prompt_cache_key")
     return CompletionParams(
         endpoint=endpoint,
         body=body,
@@ -263,6 +266,7 @@ def parse_completion(raw: bytes, *, endpoint: str) -> CompletionParams:
             media_param=apart.media_param,
             batch=endpoint != CHAT and (prompts > 1 or not texts),
         ),
+        cache_key=cache_key or "",
     )
 
 

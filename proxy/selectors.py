@@ -25,6 +25,7 @@ def key_summary(*, key: KeyInfo) -> dict[str, Any]:
             "reserved": format_credits(reserved),
             "budget": key_budget_document(api_key_id=key.id, monthly_budget=key.monthly_budget),
             "expires_at": key.expires_at.isoformat() if key.expires_at else None,
+            "priority": key.priority,
         }
     }
 
@@ -54,6 +55,7 @@ def usage_page(*, key: KeyInfo, limit: int, after: int | None) -> dict[str, Any]
             "error_code": r.error_code or None,
             "latency_ms": r.latency_ms,
             "ttft_ms": r.ttft_ms,
+            "queue_wait_ms": r.queue_wait_ms,
             "streamed": r.streamed,
         }
         for r in rows[:limit]

@@ -18,17 +18,25 @@ from runtimes.errors import WorkerError
 from runtimes.interface import Answer, WorkerClient
 from runtimes.request import EMBEDDINGS, RERANK, RESPONSES, CompletionParams
 from runtimes.responses import Untranslatable, chat_request
-from workers import routing
+from workers import prefix, queue, routing
+from workers.config import get_routing_config
 
 log = logging.getLogger("speedinfer.gateway")
 
 
-async def select(params: CompletionParams) -> list[WorkerClient]:
+def prefix_hashes(params: CompletionParams) -> list[int]:
+    """The request's prompt blocks for prefix affinity (none for embeddings or other policies)."""
+    if params.endpoint == EMBEDDINGS or get_routing_config().policy != "prefix":
+        return []
+    return prefix.block_hashes(model=params.model, texts=params.texts, cache_key=params.cache_key)
+
+
+async def select(params: CompletionParams, *, hashes: list[int] | None = None) -> list[WorkerClient]:
     """The eligible workers' clients, in preference order; a stream request keeps those that stream.
 
     docs/interface.md, HTTP: `stream: true` for a model none of whose workers can stream (direct Triton) is 400
     streaming_unsupported; judged on the eligible workers, else on every worker declaring the model."""
-    clients = [client_for(w) for w in await routing.eligible_workers(params.model)]
+    clients = [client_for(w) for w in await routing.eligible_workers(params.model, prefix_hashes=hashes)]
     if params.endpoint == RESPONSES:
         clients = _responses_clients(params, clients)
     if params.needs:
@@ -98,6 +106,29 @@ async def _honouring(params: CompletionParams, clients: list[WorkerClient]) -> l
             param=field,
         )
     return honouring
+
+
+async def admit(call: BilledCall, *, hashes: list[int]) -> queue.Slot:
+    """A capacity slot on one of the selected workers (workers.queue: waiting while the model's pool is
+    saturated), before anything is reserved; the slot's worker goes first in `call.clients`, and the
+    fallback keeps only workers without a capacity (a retry must not overfill a full one).
+    503 overloaded with Retry-After when the request may not wait, or waited too long."""
+    candidates = [(c.worker.worker_id, routing.capacity(c.worker.worker_id)) for c in call.clients]
+    try:
+        slot = await queue.admit(
+            model_id=call.params.model, candidates=candidates, account=call.key.account_id, priority=call.key.priority
+        )
+    except queue.Overloaded as exc:
+        raise GatewayError(
+            503, "overloaded", str(exc), headers=[(b"retry-after", str(exc.retry_after).encode())]
+        ) from None
+    chosen = next(c for c in call.clients if c.worker.worker_id == slot.worker_id)
+    rest = [c for c in call.clients if c is not chosen and routing.capacity(c.worker.worker_id) is None]
+    call.clients = [chosen, *rest]
+    call.ex.outcome.queue_wait_ms = round(slot.waited_s * 1000)
+    if hashes:
+        prefix.record(hashes, slot.worker_id)
+    return slot
 
 
 async def forward_once(call: BilledCall, client: WorkerClient) -> Answer:

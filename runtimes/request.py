@@ -49,6 +49,7 @@ class CompletionParams:
     # Capabilities flags the worker must have (tools, response_format, n, logprobs, media), each with
     # the request field that asks for it: the gateway routes and refuses by them.
     needs: dict[str, str] = field(default_factory=dict)
+    cache_key: str = ""  # the OpenAI `prompt_cache_key`: an explicit prefix-affinity key (workers.prefix)
 
 
 @dataclass(frozen=True, slots=True)

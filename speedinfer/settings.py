@@ -296,8 +296,13 @@ SPEEDINFER_SWEEP_INTERVAL = env_float("SPEEDINFER_SWEEP_INTERVAL", 60.0, minimum
 SPEEDINFER_KEY_CACHE_TTL = env_float("SPEEDINFER_KEY_CACHE_TTL", 5.0, minimum=0.0)
 SPEEDINFER_MODEL_CACHE_TTL = env_float("SPEEDINFER_MODEL_CACHE_TTL", 5.0, minimum=0.0)
 SPEEDINFER_ROUTING_CACHE_TTL = env_float("SPEEDINFER_ROUTING_CACHE_TTL", 1.0, minimum=0.0)
-# least-loaded: workers.balancer's score; random: a shuffle (a baseline for `make bench`).
-SPEEDINFER_ROUTING_POLICY = env_choice("SPEEDINFER_ROUTING_POLICY", "least-loaded", choices=("least-loaded", "random"))
+# prefix: prompt-prefix affinity with bounded load (workers.balancer, docs/scheduler.md); least-loaded:
+# workers.balancer's score; random: a shuffle (a baseline for `make bench`).
+SPEEDINFER_ROUTING_POLICY = env_choice(
+    "SPEEDINFER_ROUTING_POLICY", "prefix", choices=("prefix", "least-loaded", "random")
+)
+# Seconds a request for a saturated model may wait in the gateway for a slot (workers.queue).
+SPEEDINFER_QUEUE_TIMEOUT = env_float("SPEEDINFER_QUEUE_TIMEOUT", 30.0, minimum=0.0)
 SPEEDINFER_DEFAULT_MAX_OUTPUT_TOKENS = env_int("SPEEDINFER_DEFAULT_MAX_OUTPUT_TOKENS", 4096, minimum=1)
 SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT", 5.0, minimum=0.1)
 SPEEDINFER_UPSTREAM_READ_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_READ_TIMEOUT", 120.0, minimum=0.1)

@@ -173,3 +173,14 @@ def test_a_models_kind_through_the_staff_api(staff):
         content_type="application/json",
     )
     assert refused.status_code == 400
+
+
+def test_key_priority_through_the_staff_api(staff):
+    account = make_account(name="acme")
+    created = staff.post(
+        f"/api/accounts/{account.pk}/keys/", {"name": "batch", "priority": "low"}, content_type="application/json"
+    )
+    assert created.status_code == 201 and created.json()["priority"] == "low"
+    assert ApiKey.objects.get(pk=created.json()["id"]).priority == "low"
+    refused = staff.post(f"/api/accounts/{account.pk}/keys/", {"priority": "urgent"}, content_type="application/json")
+    assert refused.status_code == 400 and "priority" in refused.json()["error"]["message"]

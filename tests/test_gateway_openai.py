@@ -128,6 +128,7 @@ def test_key_shows_the_contract_shape(world):
             "reserved": "0.000000",
             "budget": None,
             "expires_at": None,
+            "priority": "normal",
         }
     }
 

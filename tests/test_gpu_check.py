@@ -25,6 +25,9 @@ def test_the_gpu_check_dry_run_starts_speedinfer_and_the_agent_registers_through
     assert "== plan" in out and "tritonserver on a free port" in out
     assert "created worker gpu-check-plain" in out and "created worker gpu-check-stream" in out
     assert "dry run passed" in out
+    # Step 8 against two simulators: each tenant's requests, and the prompt_cache_key's, stay on one worker.
+    assert "== prefix affinity" in out and "every tenant stayed on one worker" in out
+    assert "prompt_cache_key: 4 on gpu-check-affinity-" in out
     # Whatever this host has, nothing identifying a GPU reaches SpeedInfer (the script checks it too).
     assert "serial" not in out.lower() and "uuid" not in out.lower()
     assert (tmp_path / "result.json").exists()

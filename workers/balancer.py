@@ -22,6 +22,13 @@ fleet lag behind do not all pile onto the one cheapest worker); with two it is t
 to a random worker. The rest follow by cost, for the gateway's fallback.
 
 SPEEDINFER_ROUTING_POLICY=random ignores all of this and shuffles (for comparison, as `make bench` does).
+
+SPEEDINFER_ROUTING_POLICY=prefix (the default) puts a prefix holder first: of the workers that were sent
+the longest run of the request's prompt blocks recently (workers.prefix, Candidate.matched), the cheapest
+by cost(w) whose load I(w) + Q(w) is at most BOUND_C * mean + 1 over the candidates (bounded load, as in
+consistent hashing with bounded loads: a hot prefix outgrows its holder, spills to the least-loaded
+worker, which then holds it too, so it spreads instead of melting one GPU). No holder within the bound,
+or no match: the least-loaded rule above. docs/scheduler.md has the argument and the figures.
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ from core import state
 
 DECAY_S = 10.0
 FAILURE_S = 10.0
-POLICIES = ("least-loaded", "random")
+POLICIES = ("prefix", "least-loaded", "random")
+# A holder may carry this many times the mean load (+1) before its prefix stops outweighing the load.
+BOUND_C = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +54,7 @@ class Candidate:
     in_flight: int  # fleet-wide
     queue: int = 0  # the runtime's own queue, 0 when it publishes none
     queue_time_s: float = 0.0
+    matched: int = 0  # prompt blocks from the start this worker was sent recently (workers.prefix)
 
 
 @dataclass(slots=True)
@@ -116,11 +126,34 @@ def order(candidates: Sequence[Candidate], *, policy: str = "least-loaded") -> l
         for c, cost in zip(shuffled, costs(shuffled, now=now), strict=True)
     ]
     ranked = [c for _, c in sorted(zip(keys, shuffled, strict=True), key=lambda pair: pair[0])]
+    if policy == "prefix":
+        holder = _holder(ranked, failed={c.worker_id for c, key in zip(shuffled, keys, strict=True) if key[0]})
+        if holder is not None:
+            ranked.remove(holder)
+            return [holder, *ranked]
     if len(ranked) > 2:
         # Two choices drawn at random, the cheaper taken: in the ranked list, the lower index.
         first, second = random.sample(range(len(ranked)), 2)
         ranked.insert(0, ranked.pop(min(first, second)))
     return ranked
+
+
+def _holder(ranked: list[Candidate], *, failed: set[str]) -> Candidate | None:
+    """The prefix holder to prefer, or None: the longest match within the load bound, the cheapest of
+    those (`ranked` is by cost)."""
+    best = 0
+    for c in ranked:
+        if c.matched > best and c.worker_id not in failed:
+            best = c.matched
+    if not best:
+        return None
+    bound = BOUND_C * sum(c.in_flight + c.queue for c in ranked) / len(ranked) + 1
+    for c in ranked:
+        if c.matched == best and c.worker_id not in failed and c.in_flight + c.queue <= bound:
+            return c
+    # The longest holders are too busy: a shorter match within the bound still saves some prefill.
+    within = [c for c in ranked if c.matched and c.worker_id not in failed and c.in_flight + c.queue <= bound]
+    return max(within, key=lambda c: c.matched) if within else None
 
 
 def view() -> dict[str, dict[str, float | bool]]:

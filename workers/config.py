@@ -23,7 +23,7 @@ _STALE_GRACE = 0.5
 @dataclass(frozen=True, slots=True)
 class RoutingConfig:
     cache: CachePolicy  # the snapshot's
-    policy: str  # least-loaded | random (workers.balancer)
+    policy: str  # prefix | least-loaded | random (workers.balancer, workers.prefix)
     load_fresh_for: float  # seconds: a runtime's queue figures older than this steer nothing
     circuit_failure_threshold: int = 3  # consecutive failures that open a circuit
     circuit_cooldown: float = 30.0  # seconds an open circuit waits before one trial
@@ -31,8 +31,10 @@ class RoutingConfig:
     redis_url: str = ""  # fleet counts shared through Redis; "": this process's only
 
     def __post_init__(self) -> None:
-        if self.policy not in ("least-loaded", "random"):
-            raise ImproperlyConfigured(f"SPEEDINFER_ROUTING_POLICY must be least-loaded or random, got {self.policy!r}")
+        if self.policy not in ("prefix", "least-loaded", "random"):
+            raise ImproperlyConfigured(
+                f"SPEEDINFER_ROUTING_POLICY must be prefix, least-loaded or random, got {self.policy!r}"
+            )
         if self.circuit_failure_threshold < 1:
             raise ImproperlyConfigured("SPEEDINFER_CIRCUIT_FAILURE_THRESHOLD must be at least 1")
 

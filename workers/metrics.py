@@ -1,14 +1,16 @@
 """Worker health, circuit, readiness and load gauges, read from the database when Prometheus scrapes
-(in flight and the latency estimate from this process's memory: workers.fleet, workers.balancer)."""
+(in flight and the latency estimate from this process's memory: workers.fleet, workers.balancer), and the
+scheduler's figures, also this process's: the gateway-side queue per model and priority, its 503
+`overloaded` refusals, capacity slots and prefix-hit estimates per worker (workers.queue, workers.prefix)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from workers import balancer, fleet
+from workers import balancer, fleet, prefix, queue, routing
 from workers.models import Worker
 
 
@@ -82,3 +84,53 @@ class WorkerCollector(Collector):
             if worker_id in observed:
                 ewma.add_metric([worker_id], float(observed[worker_id]["latency_ms"]) / 1000)
         yield from (up, enabled, circuit, ready, probe, probed, flying, queue, ewma)
+        yield from _scheduler_metrics([row[0] for row in rows])
+
+
+def _scheduler_metrics(worker_ids: list[str]) -> Iterator[Metric]:
+    waiting = GaugeMetricFamily(
+        "speedinfer_queue_waiting",
+        "Requests waiting in this gateway process for a capacity slot (the model's workers are all full).",
+        labels=["model", "priority"],
+    )
+    for (model_id, priority), count in queue.queue_lengths().items():
+        waiting.add_metric([model_id, priority], float(count))
+    waited = CounterMetricFamily(
+        "speedinfer_queue_waited", "Requests that waited for a capacity slot.", labels=["model", "priority"]
+    )
+    wait_s = CounterMetricFamily(
+        "speedinfer_queue_wait_seconds",
+        "Seconds requests waited for a capacity slot, in all.",
+        labels=["model", "priority"],
+    )
+    for (model_id, priority), (count, seconds) in queue.wait_totals().items():
+        waited.add_metric([model_id, priority], float(count))
+        wait_s.add_metric([model_id, priority], seconds)
+    refused = CounterMetricFamily(
+        "speedinfer_overloaded",
+        "503 overloaded answers: low priority refused while saturated, or the queue timeout ran out.",
+        labels=["model", "priority"],
+    )
+    for (model_id, priority), count in queue.refusals().items():
+        refused.add_metric([model_id, priority], float(count))
+    capacity = GaugeMetricFamily(
+        "speedinfer_worker_capacity",
+        "Requests the worker runs at once (runtime_config.max_concurrency or the runtime's figure).",
+        labels=["worker"],
+    )
+    held = GaugeMetricFamily("speedinfer_worker_slots_held", "Capacity slots this process holds.", labels=["worker"])
+    slots = queue.held()
+    for worker_id in worker_ids:
+        cap = routing.capacity(worker_id)
+        if cap is not None:
+            capacity.add_metric([worker_id], float(cap))
+            held.add_metric([worker_id], float(slots.get(worker_id, 0)))
+    hit = GaugeMetricFamily(
+        "speedinfer_worker_prefix_hit_ratio",
+        "Estimated share of the prompt blocks sent to the worker that it had been sent recently (prefix index).",
+        labels=["worker"],
+    )
+    for worker_id, (matched, asked) in prefix.hit_estimates().items():
+        if asked:
+            hit.add_metric([worker_id], matched / asked)
+    yield from (waiting, waited, wait_s, refused, capacity, held, hit)

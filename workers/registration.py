@@ -209,6 +209,12 @@ def _check_config(config: dict[str, Any], *, transport: str, models: list[str]) 
         value = config.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
             raise _error(f"runtime_config.{name}", "must be a positive number of seconds")
+    concurrency = config.get("max_concurrency")
+    # How many requests it runs at once before its own queue grows (workers.queue gates on it).
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise _error("runtime_config.max_concurrency", "must be a positive integer (requests it runs at once)")
 
 
 def _check_embeddings(value: Any) -> None:

@@ -27,7 +27,7 @@ from django.utils import timezone
 from core import state
 from core.db import db_call
 from runtimes.target import WorkerTarget
-from workers import balancer, circuit, fleet
+from workers import balancer, circuit, fleet, prefix, queue
 from workers.config import get_routing_config
 from workers.models import Worker
 
@@ -47,6 +47,7 @@ class _Entry:
     last_probe_at: datetime | None
     queue: int = 0  # the runtime's own queue at the last probe (0: not published, or too old)
     queue_time_s: float = 0.0
+    capacity: int | None = None  # requests it runs at once (workers.queue); None: not known, not gated
 
 
 @dataclass(slots=True)
@@ -81,8 +82,31 @@ def _load() -> _Snapshot:
             last_probe_at=w.last_probe_at,
             queue=(w.runtime_queue or 0) if load_fresh else 0,
             queue_time_s=(w.runtime_queue_time_ms or 0.0) / 1000 if load_fresh else 0.0,
+            capacity=_capacity(w, load_fresh=load_fresh),
         )
     return _Snapshot(entries=entries, loaded_at=time.monotonic())
+
+
+def _capacity(w: Worker, *, load_fresh: bool) -> int | None:
+    """How many requests the worker runs at once: runtime_config.max_concurrency where declared, else
+    the runtime's own figure (TensorRT-LLM's max active requests; a vLLM that is queueing runs as many
+    as it can, so what it runs then is its batch capacity). None: unknown, so never gated."""
+    declared = (w.runtime_config or {}).get("max_concurrency")
+    if isinstance(declared, int) and not isinstance(declared, bool) and declared > 0:
+        return declared
+    if not load_fresh:
+        return None
+    if w.runtime_max_running:
+        return w.runtime_max_running
+    if w.runtime_queue and w.runtime_running:
+        return w.runtime_running
+    return None
+
+
+def capacity(worker_id: str) -> int | None:
+    """The worker's capacity as the snapshot knows it (None: unknown, never gated)."""
+    entry = _snapshot.entries.get(worker_id)
+    return entry.capacity if entry is not None else None
 
 
 def _fresh(snap: _Snapshot) -> bool:
@@ -197,9 +221,10 @@ def _trial_due(entry: _Entry, now: datetime) -> bool:
     return circuit.trial_due(state=entry.circuit, opened_at=entry.opened_at, claimed_at=entry.claimed_at, now=now)
 
 
-async def eligible_workers(model_id: str) -> list[WorkerTarget]:
+async def eligible_workers(model_id: str, *, prefix_hashes: list[int] | None = None) -> list[WorkerTarget]:
     """Enabled, healthy, circuit closed (or this caller won the half-open trial), declaring
-    `model_id`, and with that model ready; ordered by preference (workers.balancer: the pick first)."""
+    `model_id`, and with that model ready; ordered by preference (workers.balancer: the pick first;
+    under the prefix policy, `prefix_hashes` (workers.prefix.block_hashes) finds the holders)."""
     fleet.ensure_sync()
     snap = await _current()
     if not _fresh(snap) and not any(_serves(e, model_id) for e in snap.entries.values()):
@@ -220,14 +245,29 @@ async def eligible_workers(model_id: str) -> list[WorkerTarget]:
             if await db_call(circuit.claim_trial_sync)(entry.view.worker_id):
                 trials.append(entry.view)
     now_s = time.monotonic()
+    policy = get_routing_config().policy
+    matched = prefix.matches(prefix_hashes) if prefix_hashes and policy == "prefix" else {}
     candidates = [
-        balancer.Candidate(e.view.worker_id, fleet.in_flight(e.view.worker_id, now=now_s), e.queue, e.queue_time_s)
+        balancer.Candidate(
+            e.view.worker_id,
+            _load_of(e.view.worker_id, now_s),
+            e.queue,
+            e.queue_time_s,
+            matched.get(e.view.worker_id, 0),
+        )
         for e in closed
     ]
     views = {e.view.worker_id: e.view for e in closed}
-    ranked = balancer.order(candidates, policy=get_routing_config().policy)
+    ranked = balancer.order(candidates, policy=policy)
     # A won trial goes first: it must be tried, or the circuit never closes.
     return trials + [views[c.worker_id] for c in ranked]
+
+
+def _load_of(worker_id: str, now: float) -> int:
+    """Requests on the worker from every process: this process's own counted from their placement
+    (workers.queue.placed), so a burst being placed spreads before its calls start."""
+    mine = fleet.local_count(worker_id)
+    return fleet.in_flight(worker_id, now=now) - mine + max(mine, queue.placed(worker_id))
 
 
 def _transports(snap: _Snapshot, model_id: str) -> set[str]:

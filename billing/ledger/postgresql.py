@@ -180,7 +180,7 @@ WITH res AS (
 _USAGE_RETURNING = (
     "id, account_id, api_key_id, reservation_id, request_id, endpoint, model_id, worker_id, prompt_tokens, "
     "completion_tokens, cached_tokens, reasoning_tokens, cost, reserved, overrun, uncharged, latency_ms, ttft_ms, "
-    "streamed, status, error_code, created_at"
+    "streamed, status, error_code, created_at, queue_wait_ms"
 )
 
 CLOSE_WITH_USAGE = (
@@ -189,12 +189,12 @@ CLOSE_WITH_USAGE = (
     INSERT INTO {_USAGE}
         (account_id, api_key_id, reservation_id, request_id, endpoint, model_id, worker_id, prompt_tokens,
          completion_tokens, cached_tokens, reasoning_tokens, cost, reserved, overrun, uncharged, latency_ms, ttft_ms,
-         streamed, status, error_code, created_at)
+         streamed, status, error_code, created_at, queue_wait_ms)
     SELECT c.account_id, c.api_key_id, c.id, c.request_id, %(endpoint)s::varchar, c.model_id, %(worker_id)s::varchar,
         %(prompt_tokens)s::integer, %(completion_tokens)s::integer, %(cached_tokens)s::integer,
         %(reasoning_tokens)s::integer, c.charged, c.amount, GREATEST(0, c.cost - c.amount),
         c.cost - c.charged, %(latency_ms)s::integer, %(ttft_ms)s::integer, %(streamed)s::boolean,
-        %(usage_status)s::varchar, %(error_code)s::varchar, %(now)s::timestamptz
+        %(usage_status)s::varchar, %(error_code)s::varchar, %(now)s::timestamptz, %(queue_wait_ms)s::integer
     FROM c
     RETURNING {_USAGE_RETURNING}
 )

@@ -69,6 +69,7 @@ _USAGE_COLUMNS = (
     "status",
     "error_code",
     "created_at",
+    "queue_wait_ms",
 )
 _USAGE_INSERT = (
     f"INSERT INTO {_USAGE} ({', '.join(_USAGE_COLUMNS)}) VALUES ({', '.join('?' * len(_USAGE_COLUMNS))}) RETURNING id"

@@ -33,6 +33,7 @@ from accounts.services import (
     api_key_create,
     api_key_revoke,
     api_key_set_budget,
+    api_key_set_priority,
     api_key_update,
     invitation_revoke,
     member_add,
@@ -327,7 +328,7 @@ class ApiKeyForm(forms.ModelForm):
 
     class Meta:
         model = ApiKey
-        fields = ("account", "name", "scopes", "allowed_models", "rpm", "tpm", "expires_at")
+        fields = ("account", "name", "scopes", "allowed_models", "rpm", "tpm", "expires_at", "priority")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -496,6 +497,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
                 )
                 if data.get("budget") != obj.monthly_budget and "budget" in data:
                     api_key_set_budget(api_key=obj, monthly_budget=data["budget"], actor=request.user, via="admin")
+                if "priority" in data and data["priority"] != ApiKey.objects.get(pk=obj.pk).priority:
+                    api_key_set_priority(api_key=obj, priority=data["priority"], actor=request.user, via="admin")
                 return
             created = api_key_create(
                 account=data["account"],
@@ -506,6 +509,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
                 tpm=data["tpm"],
                 expires_at=data["expires_at"],
                 monthly_budget=data.get("budget"),
+                priority=data.get("priority") or "normal",
                 actor=request.user,
                 via="admin",
             )

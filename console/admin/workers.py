@@ -15,7 +15,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html_join
 
-from workers import balancer, fleet
+from workers import balancer, fleet, queue
 from workers.agent import agent_report_state
 from workers.models import Worker
 from workers.registration import registration_validate
@@ -158,6 +158,7 @@ SHOWN_FIELDSETS: tuple[tuple[str, dict[str, Any]], ...] = (
         {
             "fields": (
                 "load",
+                "capacity",
                 "runtime_queue",
                 "runtime_running",
                 "runtime_max_running",
@@ -273,6 +274,24 @@ class WorkerAdmin(admin.ModelAdmin):
             parts.append(f"latency ~{float(seen['latency_ms']):.0f} ms")
             if seen["failed_recently"]:
                 parts.append("failed recently")
+        return ", ".join(parts)
+
+    @admin.display(description="capacity and queue")
+    def capacity(self, obj: Worker) -> str:
+        """The capacity the scheduler gates on (workers.routing._capacity) and, as this process sees them,
+        the slots held on the worker and the requests waiting for its models (docs/scheduler.md)."""
+        declared = (obj.runtime_config or {}).get("max_concurrency")
+        if isinstance(declared, int) and not isinstance(declared, bool):
+            parts = [f"capacity {declared} (runtime_config.max_concurrency)"]
+        elif obj.runtime_max_running:
+            parts = [f"capacity {obj.runtime_max_running} (the runtime's figure)"]
+        else:
+            parts = ["capacity not declared (not gated)"]
+        parts.append(f"{queue.held().get(obj.worker_id, 0)} slots held here")
+        lengths = queue.queue_lengths()
+        models = set(obj.supported_models or [])
+        waiting = {p: sum(n for (m, pr), n in lengths.items() if m in models and pr == p) for p in ("high", "normal")}
+        parts.append(f"waiting for its models: {waiting['high']} high, {waiting['normal']} normal")
         return ", ".join(parts)
 
     @admin.display(description="upstream credential", boolean=True)

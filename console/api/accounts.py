@@ -66,6 +66,7 @@ def key_document(api_key: ApiKey) -> dict[str, Any]:
         "models": api_key.allowed_models,
         "rate_limit": {"rpm": api_key.rpm, "tpm": api_key.tpm},
         "budget": key_budget_document(api_key_id=api_key.pk, monthly_budget=api_key.monthly_budget),
+        "priority": api_key.priority,
         "expires_at": api_key.expires_at.isoformat() if api_key.expires_at else None,
         "revoked_at": api_key.revoked_at.isoformat() if api_key.revoked_at else None,
         "last_used_at": api_key.last_used_at.isoformat() if api_key.last_used_at else None,
@@ -155,6 +156,9 @@ class KeyIn(serializers.Serializer):
     budget = serializers.CharField(
         required=False, allow_null=True, default=None, help_text="credits per calendar month (UTC); null: no cap"
     )
+    priority = serializers.ChoiceField(
+        choices=["high", "normal", "low"], required=False, default="normal", help_text="its turn at capacity"
+    )
 
     def validate_budget(self, value: str | None) -> int | None:
         return _budget(value)
@@ -202,6 +206,7 @@ class AccountKeysApi(APIView):
                 tpm=v["tpm"],
                 expires_at=v["expires_at"],
                 monthly_budget=v["budget"],
+                priority=v["priority"],
                 actor=request.user,
                 via="api",
             )

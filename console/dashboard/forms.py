@@ -86,8 +86,18 @@ class ApiKeyCreateForm(forms.Form):
         help_text="Optional; credits this key may spend per calendar month (UTC). Empty: no cap.",
     )
 
+    priority = forms.ChoiceField(
+        choices=[("normal", "normal"), ("high", "high"), ("low", "low")],
+        initial="normal",
+        required=False,
+        help_text="While a model's GPUs are all busy: high is served first, low is refused at once.",
+    )
+
     def clean_budget(self) -> int | None:
         return clean_budget_text(self.cleaned_data.get("budget") or "")
+
+    def clean_priority(self) -> str:
+        return self.cleaned_data.get("priority") or "normal"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

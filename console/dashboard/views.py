@@ -195,6 +195,7 @@ def keys(request: HttpRequest, account: Account) -> HttpResponse:
                 allowed_models=form.cleaned_data["allowed_models"],
                 expires_at=form.cleaned_data["expires"],
                 monthly_budget=form.cleaned_data.get("budget"),
+                priority=form.cleaned_data["priority"],
                 actor=request.user,
                 via="dashboard",
             )

@@ -8,7 +8,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from accounts.selectors import account_resolve
-from accounts.services import api_key_create
+from accounts.services import KEY_PRIORITIES, api_key_create
 from core.commands import SpeedInferCommand
 from core.credits import AmountError, format_credits, parse_credits
 
@@ -34,6 +34,9 @@ class Command(SpeedInferCommand):
         parser.add_argument("--tpm", type=int, help="tokens per minute")
         parser.add_argument("--expires", help="ISO 8601 date or datetime (UTC unless it has an offset)")
         parser.add_argument("--budget", help="credits the key may spend per calendar month (UTC)")
+        parser.add_argument(
+            "--priority", default="normal", help="high|normal|low: its turn while a model is at capacity"
+        )
 
     def run(self, *args: Any, **options: Any) -> None:
         account = account_resolve(ref=options["account"])
@@ -53,6 +56,8 @@ class Command(SpeedInferCommand):
                 budget = parse_credits(options["budget"], field="budget")
             except AmountError as exc:
                 raise CommandError(str(exc)) from None
+        if options["priority"] not in KEY_PRIORITIES:
+            raise CommandError(f"--priority: must be one of {', '.join(KEY_PRIORITIES)}, got {options['priority']!r}")
         created = api_key_create(
             account=account,
             name=options["name"],
@@ -62,6 +67,7 @@ class Command(SpeedInferCommand):
             tpm=options["tpm"],
             expires_at=expires_at,
             monthly_budget=budget,
+            priority=options["priority"],
             actor="manage.py createapikey",
             via="command",
         )
