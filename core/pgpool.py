@@ -11,13 +11,16 @@ database Django uses (its settings, so tests get the test database).
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from django.conf import settings
 from django.db import connections
 from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from core import state
 
@@ -89,6 +92,50 @@ async def get_pool() -> AsyncConnectionPool:
     if future is None or (future.done() and (future.exception() is not None or future.result().closed)):
         future = _pools.set(asyncio.get_running_loop().create_task(_open()))
     return await asyncio.shield(future)
+
+
+class PoolBusy(PoolTimeout):
+    """The checkout queued for SPEEDINFER_DB_QUEUE_TIMEOUT while the pool served others: the database is
+    up (keep the pool), this process is only past what its pool can carry."""
+
+
+# What a waiting checkout watches, in every loop of the process: connections out now, and when one came back.
+_in_use = 0
+_last_moved = 0.0
+
+
+@asynccontextmanager
+async def queued_connection(pool: AsyncConnectionPool) -> AsyncIterator[AsyncConnection[Any]]:
+    """A connection of `pool`, as pool.connection(), queueing through a burst.
+
+    A checkout waits in slices of SPEEDINFER_DB_TIMEOUT. While connections are out running statements,
+    or one was handed out or came back during the slice, the database is up and the pool merely busy
+    (a burst of arrivals), so the wait goes on, up to SPEEDINFER_DB_QUEUE_TIMEOUT in all (then
+    PoolBusy). A whole slice with nothing out and nothing moving is a pool that cannot connect:
+    PoolTimeout, as before, so an outage is still a prompt 503 (a database that goes away fails the
+    statements out at once, and with them the wait).
+    """
+    global _in_use, _last_moved
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.SPEEDINFER_DB_QUEUE_TIMEOUT
+    while True:
+        wait = max(0.001, min(settings.SPEEDINFER_DB_TIMEOUT, deadline - loop.time()))
+        try:
+            conn = await pool.getconn(timeout=wait)
+            break
+        except PoolTimeout:
+            if _in_use == 0 and time.monotonic() - _last_moved >= wait:
+                raise
+            if loop.time() >= deadline:
+                raise PoolBusy(f"no database connection free within {settings.SPEEDINFER_DB_QUEUE_TIMEOUT} s") from None
+    _in_use += 1
+    try:
+        async with conn:
+            yield conn
+    finally:
+        _in_use -= 1
+        _last_moved = time.monotonic()
+        await pool.putconn(conn)
 
 
 def discard_pool(pool: AsyncConnectionPool) -> None:

@@ -105,4 +105,5 @@ async def worker_failed(call: BilledCall, client: WorkerClient, error: WorkerErr
         if attempt == 0 and len(call.clients) > 1:
             return
     await call.release(error.code)
-    raise GatewayError(error.status, error.code, error.message) from None
+    headers = [(b"retry-after", str(error.retry_after).encode())] if error.retry_after else None
+    raise GatewayError(error.status, error.code, error.message, headers=headers) from None

@@ -123,6 +123,8 @@ TEMPLATES = [
 # Seconds a database connection (Django's, or the gateway pool's connect and checkout) may take before
 # the request gets 503 service_unavailable instead of a hang; Redis's connect and reply likewise.
 SPEEDINFER_DB_TIMEOUT = env_float("SPEEDINFER_DB_TIMEOUT", 2.0, minimum=0.1)
+# A burst queues for the gateway's database pool this long at most while the pool serves others (core.pgpool).
+SPEEDINFER_DB_QUEUE_TIMEOUT = env_float("SPEEDINFER_DB_QUEUE_TIMEOUT", 10.0, minimum=0.1)
 SPEEDINFER_REDIS_TIMEOUT = env_float("SPEEDINFER_REDIS_TIMEOUT", 1.0, minimum=0.1)
 # Redis unreachable: `local` serves rate-limited keys with this process's own limiter, `fail` answers 503.
 SPEEDINFER_REDIS_OUTAGE = env_choice("SPEEDINFER_REDIS_OUTAGE", "local", choices=("local", "fail"))
@@ -305,6 +307,9 @@ SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT
 SPEEDINFER_DB_POOL_SIZE = env_int("SPEEDINFER_DB_POOL_SIZE", 8, minimum=1)
 # How often the schedule checks spend alerts and delivers them (manage.py sendalerts does one run).
 SPEEDINFER_ALERTS_INTERVAL = env_float("SPEEDINFER_ALERTS_INTERVAL", 30.0, minimum=1.0)
+# Open upstream calls (a stream holds one for its whole length) per gateway process; past it a call waits
+# SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT for a free one, then 503 overloaded (docs/operations.md).
+SPEEDINFER_UPSTREAM_MAX_CONNECTIONS = env_int("SPEEDINFER_UPSTREAM_MAX_CONNECTIONS", 4096, minimum=1)
 SPEEDINFER_UPSTREAM_CLIENT = env_choice("SPEEDINFER_UPSTREAM_CLIENT", "aiohttp", choices=("aiohttp", "httpx"))
 
 CELERY_BEAT_SCHEDULE = {

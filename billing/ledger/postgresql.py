@@ -25,7 +25,7 @@ from accounts.models import Account
 from billing.ledger import ReserveResult, month_start
 from billing.models import KeySpend, LedgerEntry, Reservation, UsageRecord
 from core.outages import PSYCOPG_DB_ERRORS, DatabaseUnavailable
-from core.pgpool import discard_pool, get_pool
+from core.pgpool import PoolBusy, discard_pool, get_pool, queued_connection
 
 _ACCOUNT = Account._meta.db_table
 _RESERVATION = Reservation._meta.db_table
@@ -351,14 +351,15 @@ async def _execute_async(statement: Statement) -> UsageRecord | ReserveResult | 
         pool = await get_pool()  # a pool that cannot connect fails its opening within the timeout
         sent = False
         try:
-            async with pool.connection() as conn:
+            async with queued_connection(pool) as conn:
                 sent = True
                 cursor = await conn.execute(statement.sql, statement.params)
                 row = await cursor.fetchone()
                 names = [col.name for col in cursor.description or ()]
             break
-        except PoolTimeout:
-            discard_pool(pool)
+        except PoolTimeout as exc:
+            if not isinstance(exc, PoolBusy):  # busy, not broken: the pool stays
+                discard_pool(pool)
             raise
         except psycopg.errors.UniqueViolation:
             # Only a re-sent reserve gets here: the first try committed before its connection

@@ -1,0 +1,103 @@
+"""Load held (issue 22): a process at capacity answers a prompt 503 overloaded with Retry-After, and
+waiting for its own resources (a pooled upstream connection, a database slot) is never a worker fault."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from accounts.models import Account
+from billing.models import Reservation
+from core import state
+from runtimes.http import close_client
+from workers.models import Worker
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_gateway")]
+
+
+def post(world: Any, content: str, *, stream: bool = False, timeout: float = 10) -> httpx.Response:
+    return httpx.post(
+        world["url"] + "/v1/chat/completions",
+        json={"model": "acme/model-1", "messages": [{"role": "user", "content": content}], "stream": stream},
+        headers={"Authorization": f"Bearer {world['secret']}"},
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def one_upstream_connection(settings: Any, gateway_server: Any) -> Iterator[None]:
+    """The gateway's upstream pool holds one connection, and a call waits 0.3 s for it."""
+    settings.SPEEDINFER_UPSTREAM_MAX_CONNECTIONS = 1
+    settings.SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT = 0.3
+    state.reset()
+    gateway_server.run_on_loop(close_client())  # the live server's client was built with the old limits
+    yield
+    settings.SPEEDINFER_UPSTREAM_MAX_CONNECTIONS = 4096
+    state.reset()
+    gateway_server.run_on_loop(close_client())
+
+
+@pytest.mark.usefixtures("one_upstream_connection")
+def test_a_full_upstream_pool_is_503_overloaded_and_not_the_workers_fault(world):
+    started = threading.Event()
+    streamed: list[httpx.Response] = []
+
+    def slow_stream() -> None:
+        with httpx.stream(
+            "POST",
+            world["url"] + "/v1/chat/completions",
+            json={"model": "acme/model-1", "messages": [{"role": "user", "content": "[sim deltas=8 delay=150]"}]}
+            | {"stream": True},
+            headers={"Authorization": f"Bearer {world['secret']}"},
+            timeout=10,
+        ) as response:
+            for _ in response.iter_bytes():
+                started.set()
+            streamed.append(response)
+
+    holder = threading.Thread(target=slow_stream)
+    holder.start()
+    assert started.wait(5)
+    account = Account.objects.get(pk=world["account"].pk)
+    for stream in (False, True):
+        refused = post(world, "hello", stream=stream)
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "overloaded"
+        assert int(refused.headers["retry-after"]) >= 1
+    holder.join(10)
+    assert streamed and streamed[0].status_code == 200
+    # The worker answered everything it was sent: no failure counted, still chosen.
+    worker = Worker.objects.get(worker_id="sim-1")
+    assert (worker.consecutive_failures, worker.circuit_state) == (0, "closed")
+    assert post(world, "hello").status_code == 200
+    # The refused requests held nothing and were charged nothing: only the two answered ones cost.
+    after = Account.objects.get(pk=account.pk)
+    assert after.reserved == 0
+    assert not Reservation.objects.filter(status="held").exists()
+    assert Reservation.objects.filter(status="settled").count() == 2
+
+
+@pytest.mark.skipif("not __import__('django.db').db.connection.vendor == 'postgresql'")
+def test_a_burst_queues_for_the_database_pool_instead_of_failing(world, settings, gateway_server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from core.pgpool import close_pool
+
+    # One pooled connection and a 0.2 s checkout limit: 32 requests at once (a reserve and a settle each)
+    # queue longer than that, yet the database is up, so every one is answered.
+    settings.SPEEDINFER_DB_POOL_SIZE = 1
+    settings.SPEEDINFER_DB_TIMEOUT = 0.2
+    gateway_server.run_on_loop(close_pool())
+    try:
+        assert post(world, "warm").status_code == 200
+        with ThreadPoolExecutor(32) as burst:
+            statuses = list(burst.map(lambda i: post(world, f"burst {i}").status_code, range(32)))
+    finally:
+        settings.SPEEDINFER_DB_TIMEOUT = 2.0
+        gateway_server.run_on_loop(close_pool())
+    assert statuses == [200] * 32
+    assert Reservation.objects.filter(status="settled").count() == 33
