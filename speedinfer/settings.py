@@ -309,6 +309,9 @@ SPEEDINFER_DB_POOL_SIZE = env_int("SPEEDINFER_DB_POOL_SIZE", 8, minimum=1)
 SPEEDINFER_ALERTS_INTERVAL = env_float("SPEEDINFER_ALERTS_INTERVAL", 30.0, minimum=1.0)
 # Open upstream calls (a stream holds one for its whole length) per gateway process; past it a call waits
 # SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT for a free one, then 503 overloaded (docs/operations.md).
+# /v1 requests in flight per gateway process; past it new ones get a prompt 503 overloaded (proxy/asgi.py).
+# Below SPEEDINFER_UPSTREAM_MAX_CONNECTIONS, so the edge refuses before a call waits for the pool.
+SPEEDINFER_MAX_INFLIGHT = env_int("SPEEDINFER_MAX_INFLIGHT", 4000, minimum=0)
 SPEEDINFER_UPSTREAM_MAX_CONNECTIONS = env_int("SPEEDINFER_UPSTREAM_MAX_CONNECTIONS", 4096, minimum=1)
 SPEEDINFER_UPSTREAM_CLIENT = env_choice("SPEEDINFER_UPSTREAM_CLIENT", "aiohttp", choices=("aiohttp", "httpx"))
 

@@ -41,6 +41,7 @@ def one_upstream_connection(settings: Any, gateway_server: Any) -> Iterator[None
     gateway_server.run_on_loop(close_client())
 
 
+@pytest.mark.sqlite
 @pytest.mark.usefixtures("one_upstream_connection")
 def test_a_full_upstream_pool_is_503_overloaded_and_not_the_workers_fault(world):
     started = threading.Event()
@@ -101,3 +102,54 @@ def test_a_burst_queues_for_the_database_pool_instead_of_failing(world, settings
         gateway_server.run_on_loop(close_pool())
     assert statuses == [200] * 32
     assert Reservation.objects.filter(status="settled").count() == 33
+
+
+@pytest.mark.sqlite
+def test_past_the_in_flight_limit_new_requests_get_a_prompt_503_overloaded(world, settings):
+    import time
+
+    settings.SPEEDINFER_MAX_INFLIGHT = 2
+    state.reset()
+    started = threading.Barrier(3)
+    answered: list[int] = []
+
+    def slow_stream() -> None:
+        with httpx.stream(
+            "POST",
+            world["url"] + "/v1/chat/completions",
+            json={"model": "acme/model-1", "messages": [{"role": "user", "content": "[sim deltas=8 delay=150]"}]}
+            | {"stream": True},
+            headers={"Authorization": f"Bearer {world['secret']}"},
+            timeout=10,
+        ) as response:
+            first = True
+            for _ in response.iter_bytes():
+                if first:
+                    started.wait(5)
+                    first = False
+            answered.append(response.status_code)
+
+    holders = [threading.Thread(target=slow_stream) for _ in range(2)]
+    try:
+        for holder in holders:
+            holder.start()
+        started.wait(5)  # both streams are open: the process is at its limit
+        begun = time.perf_counter()
+        refused = post(world, "hello")
+        assert time.perf_counter() - begun < 1  # at once, not after a wait
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "overloaded"
+        assert refused.headers["retry-after"] == "1"
+        models = httpx.get(world["url"] + "/v1/models", headers={"Authorization": f"Bearer {world['secret']}"})
+        assert models.status_code == 503
+        # Outside /v1 (health checks, the dashboard) nothing is refused.
+        assert httpx.get(world["url"] + "/health").status_code == 200
+        for holder in holders:
+            holder.join(10)
+        assert answered == [200, 200]
+        assert post(world, "hello").status_code == 200  # room again
+    finally:
+        settings.SPEEDINFER_MAX_INFLIGHT = 4000
+        state.reset()
+    assert not Reservation.objects.filter(status="held").exists()
+    assert Reservation.objects.filter(status="settled").count() == 3
