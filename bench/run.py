@@ -617,7 +617,7 @@ def held_streams(gw: Proc, gateway: Target, *, n: int, tokens: int, delay_ms: in
         "wall_s": wall,
         "rss_before_mib": rss_before / 1024,
         "rss_peak_mib": peak[0] / 1024,
-        "rss_per_stream_kib": (peak[0] - rss_before) / max(1, opened[0]),
+        "rss_per_stream_kib": (peak[0] - rss_before) / opened[0] if opened[0] else float("nan"),
         "idle_probe_p50_ms": statistics.median(idle_ms) if idle_ms else float("nan"),
         "lag_p50_ms": statistics.median(busy_ms) if busy_ms else float("nan"),
         "lag_p99_ms": pct(busy_ms, 99),

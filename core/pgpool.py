@@ -124,11 +124,12 @@ async def queued_connection(pool: AsyncConnectionPool) -> AsyncIterator[AsyncCon
             conn = await pool.getconn(timeout=wait)
             break
         except PoolTimeout:
-            if _in_use == 0 and time.monotonic() - _last_moved >= wait:
+            if _in_use == 0 and time.monotonic() - _last_moved >= settings.SPEEDINFER_DB_TIMEOUT:
                 raise
             if loop.time() >= deadline:
                 raise PoolBusy(f"no database connection free within {settings.SPEEDINFER_DB_QUEUE_TIMEOUT} s") from None
     _in_use += 1
+    _last_moved = time.monotonic()
     try:
         async with conn:
             yield conn

@@ -17,10 +17,9 @@ Database work is two thread hops per request: one to reserve, one to settle
 
 from __future__ import annotations
 
-import asyncio
-
 from accounts.key_cache import KeyInfo
 from catalog import cache as catalog
+from proxy import leases
 from proxy.auth import authenticate
 from proxy.billed import BilledCall
 from proxy.embeddings import parse_embeddings
@@ -70,18 +69,17 @@ async def _serve(ex: Exchange, params: CompletionParams, key: KeyInfo, calls: li
         raise GatewayError(429, "rate_limit_exceeded", "rate limit exceeded for this key; retry after the given time")
 
     calls.append(call)
-    lease: asyncio.Task[None] | None = None
     try:
         call.clients = await select(params)
         await call.reserve()
-        lease = asyncio.create_task(call.keep_lease())
+        leases.hold(call.reservation_id)
         if params.stream:
             await stream(call)
         else:
             await complete(call)
     finally:
-        if lease is not None:
-            lease.cancel()
+        if call.reservation_id is not None:
+            leases.drop(call.reservation_id)
         outcome = ex.outcome
         outcome.worker_id = call.worker.worker_id if call.worker else ""
         if call.usage is not None:

@@ -124,7 +124,7 @@ TEMPLATES = [
 # the request gets 503 service_unavailable instead of a hang; Redis's connect and reply likewise.
 SPEEDINFER_DB_TIMEOUT = env_float("SPEEDINFER_DB_TIMEOUT", 2.0, minimum=0.1)
 # A burst queues for the gateway's database pool this long at most while the pool serves others (core.pgpool).
-SPEEDINFER_DB_QUEUE_TIMEOUT = env_float("SPEEDINFER_DB_QUEUE_TIMEOUT", 10.0, minimum=0.1)
+SPEEDINFER_DB_QUEUE_TIMEOUT = env_float("SPEEDINFER_DB_QUEUE_TIMEOUT", 30.0, minimum=0.1)
 SPEEDINFER_REDIS_TIMEOUT = env_float("SPEEDINFER_REDIS_TIMEOUT", 1.0, minimum=0.1)
 # Redis unreachable: `local` serves rate-limited keys with this process's own limiter, `fail` answers 503.
 SPEEDINFER_REDIS_OUTAGE = env_choice("SPEEDINFER_REDIS_OUTAGE", "local", choices=("local", "fail"))

@@ -88,10 +88,10 @@ def test_a_burst_queues_for_the_database_pool_instead_of_failing(world, settings
 
     from core.pgpool import close_pool
 
-    # One pooled connection and a 0.2 s checkout limit: 32 requests at once (a reserve and a settle each)
+    # One pooled connection and a 0.3 s checkout limit: 32 requests at once (a reserve and a settle each)
     # queue longer than that, yet the database is up, so every one is answered.
     settings.SPEEDINFER_DB_POOL_SIZE = 1
-    settings.SPEEDINFER_DB_TIMEOUT = 0.2
+    settings.SPEEDINFER_DB_TIMEOUT = 0.3
     gateway_server.run_on_loop(close_pool())
     try:
         assert post(world, "warm").status_code == 200
@@ -152,4 +152,59 @@ def test_past_the_in_flight_limit_new_requests_get_a_prompt_503_overloaded(world
         settings.SPEEDINFER_MAX_INFLIGHT = 4000
         state.reset()
     assert not Reservation.objects.filter(status="held").exists()
+    assert Reservation.objects.filter(status="settled").count() == 3
+
+
+@pytest.mark.sqlite
+def test_one_statement_per_interval_renews_every_running_requests_lease(world, monkeypatch, gateway_server):
+    import time
+    from datetime import timedelta
+
+    from billing import services
+    from billing.ledger import ledger
+    from proxy import leases
+
+    async def fresh_keeper() -> None:
+        leases.keeper().stop()  # a keeper started by an earlier test sleeps its old interval
+
+    monkeypatch.setattr(services, "LEASE_RENEW_EVERY", timedelta(seconds=0.3))
+    gateway_server.run_on_loop(fresh_keeper())
+    started = threading.Barrier(4)
+
+    def slow_stream() -> None:
+        with httpx.stream(
+            "POST",
+            world["url"] + "/v1/chat/completions",
+            json={"model": "acme/model-1", "messages": [{"role": "user", "content": "[sim deltas=12 delay=250]"}]}
+            | {"stream": True},
+            headers={"Authorization": f"Bearer {world['secret']}"},
+            timeout=20,
+        ) as response:
+            first = True
+            for _ in response.iter_bytes():
+                if first:
+                    started.wait(10)
+                    first = False
+
+    streams = [threading.Thread(target=slow_stream) for _ in range(3)]
+    for thread in streams:
+        thread.start()
+    started.wait(10)
+
+    async def renewals() -> int:
+        return leases.keeper().renewals
+
+    held = dict(Reservation.objects.filter(status="held").values_list("pk", "lease_until"))
+    assert len(held) == 3
+    statements, renewed = ledger().loop_round_trips(), gateway_server.run_on_loop(renewals())
+    time.sleep(1.0)
+    statements_after, renewed_after = ledger().loop_round_trips(), gateway_server.run_on_loop(renewals())
+    later = dict(Reservation.objects.filter(pk__in=held).values_list("pk", "lease_until"))
+    for thread in streams:
+        thread.join(20)
+    # Every running request's lease moved forward, and the only statements meanwhile were the keeper's:
+    # one per interval for all three, not one per request.
+    assert all((later[pk] or held[pk]) > held[pk] for pk in held)  # type: ignore[operator]
+    assert renewed_after - renewed >= 1
+    assert statements_after - statements == renewed_after - renewed
     assert Reservation.objects.filter(status="settled").count() == 3

@@ -222,6 +222,16 @@ WITH res AS (
 SELECT count(*) FROM res
 """
 
+# The process's lease keeper (proxy.leases): one statement per interval for every hold it is serving.
+RENEW_MANY = f"""
+WITH res AS (
+    UPDATE {_RESERVATION} SET lease_until = %(lease_until)s::timestamptz
+    WHERE id = ANY(%(ids)s::uuid[]) AND status = 'held'
+    RETURNING 1
+)
+SELECT count(*) FROM res
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class Statement:
@@ -479,6 +489,10 @@ class PostgreSQLLedger:
 
     async def renew_async(self, *, reservation_id: UUID | str, lease_until: datetime) -> bool:
         return await execute_async(_renew_statement(reservation_id, lease_until)) is True
+
+    async def renew_many_async(self, *, reservation_ids: Sequence[UUID | str], lease_until: datetime) -> None:
+        params = {"ids": [str(r) for r in reservation_ids], "lease_until": lease_until}
+        await execute_async(Statement(RENEW_MANY, params, returns_usage=False))
 
     def expire(self, *, reservation_id: UUID | str, note: str, now: datetime) -> bool:
         params = {"id": reservation_id, "now": now, "note": note, "reference": str(reservation_id)}
