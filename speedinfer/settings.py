@@ -183,8 +183,13 @@ if REDIS_URL:
     }
     # Connect timeout only: the layer's receive is a blocking pop that waits longer than any read timeout.
     _REDIS_HOST = {"address": REDIS_URL, "socket_connect_timeout": SPEEDINFER_REDIS_TIMEOUT}
+    # Namespaced by the database, as workers/fleet.py's keys are: two deployments sharing one Redis
+    # database must not deliver usage to each other's dashboards (channels_redis's groups are global).
     CHANNEL_LAYERS: dict[str, Any] = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [_REDIS_HOST]}}
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [_REDIS_HOST], "prefix": f"asgi:{DATABASES['default']['NAME']}"},
+        }
     }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
