@@ -576,6 +576,9 @@ def held_streams(gw: Proc, gateway: Target, *, n: int, tokens: int, delay_ms: in
     """n concurrent streams of `tokens` tokens, one every `delay_ms`, on one gateway process: how many
     complete, the gateway's RSS per open stream, and its event-loop lag (a probe's latency) meanwhile."""
     payload = body(directive=f"[sim deltas={tokens} delay={delay_ms}]", stream=True, max_tokens=tokens)
+    warm = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+    warm.request("POST", gateway.path, body=json.dumps(body()), headers=gateway.headers())  # the pools open
+    warm.getresponse().read()
     idle = _probe(gateway.port, gateway.key, 2)
     idle_ms = _probe_result(idle)
     rss_before = gw.rss_kib()
@@ -637,6 +640,18 @@ def fmt_held(r: dict[str, Any]) -> str:
     )
 
 
+def _warnings(log_path: Path) -> dict[str, int]:
+    """The gateway's warnings by kind (request ids and figures dropped): why requests failed."""
+    import re
+
+    kinds: dict[str, int] = {}
+    for line in log_path.read_text(errors="replace").splitlines():
+        if " WARNING " in line or " ERROR " in line:
+            kind = re.sub(r"[0-9a-f]{32}|[0-9a-f-]{36}|\d+(\.\d+)?", "#", line.split(" ", 2)[-1])[:160]
+            kinds[kind] = kinds.get(kind, 0) + 1
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:5])
+
+
 def bench_held(profile: str, args: argparse.Namespace, report: Report) -> None:
     """--streams N[,M]: the slow upstream (50 tokens, one every 200 ms) and one gateway process per count."""
     var_dir = Path(tempfile.mkdtemp(prefix=f"speedinfer-bench-held-{profile}-"))
@@ -655,8 +670,11 @@ def bench_held(profile: str, args: argparse.Namespace, report: Report) -> None:
                 gateway = Target("gateway", gw_port, "/v1/chat/completions", key)
                 row = held_streams(gw, gateway, n=n, tokens=50, delay_ms=200)
                 row["profile"] = profile
+                row["gateway_warnings"] = _warnings(var_dir / f"serve-{gw_port}.log")
                 report.held.append(row)
                 print(f"== held {profile}: {fmt_held(row)}", flush=True)
+                for kind, count in row["gateway_warnings"].items():
+                    print(f"   {count} x {kind}", flush=True)
     shutil.rmtree(var_dir, ignore_errors=True)
 
 

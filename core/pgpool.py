@@ -11,7 +11,6 @@ database Django uses (its settings, so tests get the test database).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -99,43 +98,35 @@ class PoolBusy(PoolTimeout):
     up (keep the pool), this process is only past what its pool can carry."""
 
 
-# What a waiting checkout watches, in every loop of the process: connections out now, and when one came back.
-_in_use = 0
-_last_moved = 0.0
-
-
 @asynccontextmanager
 async def queued_connection(pool: AsyncConnectionPool) -> AsyncIterator[AsyncConnection[Any]]:
     """A connection of `pool`, as pool.connection(), queueing through a burst.
 
-    A checkout waits in slices of SPEEDINFER_DB_TIMEOUT. While connections are out running statements,
-    or one was handed out or came back during the slice, the database is up and the pool merely busy
-    (a burst of arrivals), so the wait goes on, up to SPEEDINFER_DB_QUEUE_TIMEOUT in all (then
-    PoolBusy). A whole slice with nothing out and nothing moving is a pool that cannot connect:
-    PoolTimeout, as before, so an outage is still a prompt 503 (a database that goes away fails the
-    statements out at once, and with them the wait).
+    A checkout waits in slices of SPEEDINFER_DB_TIMEOUT. A slice that ends with the pool unable to
+    connect (a failed connection attempt since the wait began, or no connection at all) is an
+    unreachable database: PoolTimeout, as before, so an outage is still a prompt 503. Any
+    other slice is a pool merely busy (a burst of arrivals): the wait goes on, up to
+    SPEEDINFER_DB_QUEUE_TIMEOUT in all (then PoolBusy, and the pool stays).
     """
-    global _in_use, _last_moved
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settings.SPEEDINFER_DB_QUEUE_TIMEOUT
+    errors_before = pool.get_stats().get("connections_errors", 0)
     while True:
         wait = max(0.001, min(settings.SPEEDINFER_DB_TIMEOUT, deadline - loop.time()))
         try:
             conn = await pool.getconn(timeout=wait)
             break
         except PoolTimeout:
-            if _in_use == 0 and time.monotonic() - _last_moved >= settings.SPEEDINFER_DB_TIMEOUT:
+            stats = pool.get_stats()
+            cannot_connect = stats.get("connections_errors", 0) > errors_before or stats.get("pool_size", 0) == 0
+            if cannot_connect:
                 raise
             if loop.time() >= deadline:
                 raise PoolBusy(f"no database connection free within {settings.SPEEDINFER_DB_QUEUE_TIMEOUT} s") from None
-    _in_use += 1
-    _last_moved = time.monotonic()
     try:
         async with conn:
             yield conn
     finally:
-        _in_use -= 1
-        _last_moved = time.monotonic()
         await pool.putconn(conn)
 
 

