@@ -228,7 +228,17 @@ def _redis_scripts() -> tuple[object, object]:
     if found is None:
         config = get_rate_limit_config()
         timeout = config.redis_timeout
-        client = aioredis.Redis.from_url(config.redis_url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        # redis-py's pool holds 100 connections and raises past them: a burst of arrivals would read as a
+        # Redis outage and fall back to per-process limits. A blocking pool queues them (each admit is one
+        # short round trip), and only a wait past the timeout is an outage.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            config.redis_url,
+            max_connections=100,
+            timeout=timeout,
+            socket_connect_timeout=timeout,
+            socket_timeout=timeout,
+        )
+        client = aioredis.Redis.from_pool(pool)
         found = _scripts.set((client, client.register_script(_ADMIT), client.register_script(_REFUND)))
     return found[1], found[2]
 
