@@ -27,7 +27,7 @@ from proxy.errors import GatewayError
 from proxy.exchange import Exchange
 from proxy.idempotency import idempotency_begin, idempotency_end, idempotency_key, idempotency_replay
 from proxy.payloads import parse_completion
-from proxy.ratelimit import rate_limit_admit, rate_limit_refund
+from proxy.ratelimit import rate_limit_admit, rate_limit_refund_soon
 from proxy.streaming import stream
 from proxy.upstream import complete, select
 from runtimes.request import EMBEDDINGS, CompletionParams
@@ -86,4 +86,4 @@ async def _serve(ex: Exchange, params: CompletionParams, key: KeyInfo, calls: li
             outcome.prompt_tokens, outcome.completion_tokens = call.usage.prompt_tokens, call.usage.completion_tokens
         # The tokens limit counts what was used, not the bound it admitted.
         used = outcome.prompt_tokens + outcome.completion_tokens if call.closed and call.usage is not None else 0
-        await rate_limit_refund(key=key, tokens=token_bound - used)
+        rate_limit_refund_soon(key=key, tokens=token_bound - used)

@@ -20,6 +20,7 @@ to this process's buckets, `fail` answers 503 service_unavailable.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -293,3 +294,17 @@ async def rate_limit_refund(*, key: KeyInfo, tokens: int) -> None:
     except _REDIS_ERRORS:
         # Never fails the request (its answer is out); the local buckets took the admit, if any.
         _local.refund(key, tokens)
+
+
+_refunds: set[asyncio.Task[None]] = set()  # strong refs until done (the loop keeps only weak ones)
+
+
+def rate_limit_refund_soon(*, key: KeyInfo, tokens: int) -> None:
+    """rate_limit_refund off the response path: the answer has gone out, and its request's handler (and
+    the next request on its connection) need not wait for the refund's Redis round trip. The limit
+    stays exact: until the refund lands the bucket only counts more than was used, never less."""
+    if not key.tpm or tokens <= 0:
+        return
+    task = asyncio.get_running_loop().create_task(rate_limit_refund(key=key, tokens=tokens))
+    _refunds.add(task)
+    task.add_done_callback(_refunds.discard)
