@@ -8,6 +8,7 @@ absolute times of a noisy 2-core box. See README "Performance" for how to read i
     python bench/run.py --no-peers                            # without Portkey's gateway beside SpeedInfer
     python bench/run.py --routing [--routing-seconds 10]   # only the routing scenario
     python bench/run.py --tracing                             # only tracing off vs on (OTLP to a local receiver)
+    python bench/run.py --streams 500,2000 --profiles full  # only the load-held scenario (slow streams)
 """
 
 from __future__ import annotations
@@ -515,6 +516,176 @@ class Report:
     routing: list[dict[str, Any]] = field(default_factory=list)
     peers: list[dict[str, Any]] = field(default_factory=list)  # skipped peers, and why
     tracing: list[dict[str, Any]] = field(default_factory=list)
+    held: list[dict[str, Any]] = field(default_factory=list)  # --streams: open streams held by one process
+
+
+# ---------------------------------------------------------------------------- load held
+
+# A separate process (its own event loop and GIL) asks the gateway for a cheap answer every 100 ms while
+# the streams run: its latency over the idle figure is the gateway's event-loop lag, as a client sees it.
+PROBE = """
+import json, sys, time, http.client
+port, key, seconds = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+out, end = [], time.monotonic() + seconds
+while time.monotonic() < end:
+    t0 = time.perf_counter()
+    try:
+        conn.request("GET", "/v1/models", headers={"Authorization": "Bearer " + key})
+        r = conn.getresponse(); r.read()
+        out.append(((time.perf_counter() - t0) * 1000, r.status))
+    except Exception:
+        out.append(((time.perf_counter() - t0) * 1000, 0))
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    time.sleep(0.1)
+print(json.dumps(out))
+"""
+
+
+def _probe(port: int, key: str, seconds: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(  # noqa: S603
+        [PY, "-c", PROBE, str(port), key, str(seconds)], stdout=subprocess.PIPE, text=True
+    )
+
+
+def _probe_result(proc: subprocess.Popen[str]) -> list[float]:
+    out, _ = proc.communicate(timeout=300)
+    return [ms for ms, status in json.loads(out) if status == 200]
+
+
+async def _held_streams(gateway: Target, payload: dict[str, Any], n: int, opened: list[int]) -> list[str]:
+    """n streams at once; each ends "ok" (200, every chunk, [DONE]) or with what went wrong."""
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    timeout = aiohttp.ClientTimeout(total=300, sock_read=60)
+
+    async def one(session: aiohttp.ClientSession) -> str:
+        try:
+            async with session.post(
+                f"http://127.0.0.1:{gateway.port}{gateway.path}", json=payload, headers=gateway.headers()
+            ) as resp:
+                if resp.status != 200:
+                    body = await resp.read()
+                    code = json.loads(body).get("error", {}).get("code", "") if body.startswith(b"{") else ""
+                    return f"{resp.status} {code}".strip()
+                first, tail, events = True, b"", 0
+                async for chunk in resp.content.iter_any():
+                    if first:
+                        opened[0] += 1
+                        first = False
+                    events += chunk.count(b"data:")
+                    tail = (tail + chunk)[-64:]
+                return "ok" if b"[DONE]" in tail else f"cut after {events} events"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return type(exc).__name__
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        return await asyncio.gather(*(one(session) for _ in range(n)))
+
+
+def held_streams(gw: Proc, gateway: Target, *, n: int, tokens: int, delay_ms: int) -> dict[str, Any]:
+    """n concurrent streams of `tokens` tokens, one every `delay_ms`, on one gateway process: how many
+    complete, the gateway's RSS per open stream, and its event-loop lag (a probe's latency) meanwhile."""
+    payload = body(directive=f"[sim deltas={tokens} delay={delay_ms}]", stream=True, max_tokens=tokens)
+    warm = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+    warm.request("POST", gateway.path, body=json.dumps(body()), headers=gateway.headers())  # the pools open
+    warm.getresponse().read()
+    idle = _probe(gateway.port, gateway.key, 2)
+    idle_ms = _probe_result(idle)
+    rss_before = gw.rss_kib()
+    seconds = tokens * delay_ms / 1000
+    probe = _probe(gateway.port, gateway.key, seconds)
+    opened = [0]
+    peak = [rss_before]
+    stop = False
+
+    async def run() -> list[str]:
+        async def sample() -> None:
+            while not stop:
+                peak[0] = max(peak[0], gw.rss_kib())
+                await asyncio.sleep(0.5)
+
+        sampler = asyncio.get_running_loop().create_task(sample())
+        try:
+            return await _held_streams(gateway, payload, n, opened)
+        finally:
+            sampler.cancel()
+
+    started = time.perf_counter()
+    outcomes = asyncio.run(run())
+    stop = True
+    wall = time.perf_counter() - started
+    busy_ms = _probe_result(probe)
+    failures: dict[str, int] = {}
+    for outcome in outcomes:
+        if outcome != "ok":
+            failures[outcome] = failures.get(outcome, 0) + 1
+    completed = outcomes.count("ok")
+    return {
+        "streams": n,
+        "tokens": tokens,
+        "delay_ms": delay_ms,
+        "completed": completed,
+        "failed": n - completed,
+        "failures": failures,
+        "wall_s": wall,
+        "rss_before_mib": rss_before / 1024,
+        "rss_peak_mib": peak[0] / 1024,
+        "rss_per_stream_kib": (peak[0] - rss_before) / opened[0] if opened[0] else float("nan"),
+        "idle_probe_p50_ms": statistics.median(idle_ms) if idle_ms else float("nan"),
+        "lag_p50_ms": statistics.median(busy_ms) if busy_ms else float("nan"),
+        "lag_p99_ms": pct(busy_ms, 99),
+        "lag_max_ms": max(busy_ms) if busy_ms else float("nan"),
+        "probes": len(busy_ms),
+    }
+
+
+def fmt_held(r: dict[str, Any]) -> str:
+    failures = ", ".join(f"{count} {why}" for why, count in sorted(r["failures"].items())) or "none"
+    return (
+        f"{r['streams']} streams x {r['tokens']} tokens every {r['delay_ms']} ms: {r['completed']} completed, "
+        f"{r['failed']} failed ({failures}) in {r['wall_s']:.1f} s | RSS {r['rss_before_mib']:.0f} -> "
+        f"{r['rss_peak_mib']:.0f} MiB, {r['rss_per_stream_kib']:.0f} KiB per open stream | probe (loop lag) "
+        f"idle p50 {r['idle_probe_p50_ms']:.1f} ms, under load p50 {r['lag_p50_ms']:.1f} p99 {r['lag_p99_ms']:.1f} "
+        f"max {r['lag_max_ms']:.1f} ms"
+    )
+
+
+def _warnings(log_path: Path) -> dict[str, int]:
+    """The gateway's warnings by kind (request ids and figures dropped): why requests failed."""
+    import re
+
+    kinds: dict[str, int] = {}
+    for line in log_path.read_text(errors="replace").splitlines():
+        if " WARNING " in line or " ERROR " in line:
+            kind = re.sub(r"[0-9a-f]{32}|[0-9a-f-]{36}|\d+(\.\d+)?", "#", line.split(" ", 2)[-1])[:160]
+            kinds[kind] = kinds.get(kind, 0) + 1
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:5])
+
+
+def bench_held(profile: str, args: argparse.Namespace, report: Report) -> None:
+    """--streams N[,M]: the slow upstream (50 tokens, one every 200 ms) and one gateway process per count."""
+    var_dir = Path(tempfile.mkdtemp(prefix=f"speedinfer-bench-held-{profile}-"))
+    env = profile_env(profile, var_dir)
+    reset_stores(profile)
+    up_port = free_port()
+    upstream = start(
+        "upstream", [PY, "-m", "devtools.simulator", "--port", str(up_port), "--model", MODEL], env, port=up_port
+    )
+    with running([upstream]):
+        key = seed(env, f"http://127.0.0.1:{up_port}/v1")
+        for n in args.streams:
+            gw_port = free_port()
+            gw = start("serve", server_cmd("serve", gw_port, 1), env, port=gw_port, cpus=args.gateway_cpus)
+            with running([gw]):
+                gateway = Target("gateway", gw_port, "/v1/chat/completions", key)
+                row = held_streams(gw, gateway, n=n, tokens=50, delay_ms=200)
+                row["profile"] = profile
+                row["gateway_warnings"] = _warnings(var_dir / f"serve-{gw_port}.log")
+                report.held.append(row)
+                print(f"== held {profile}: {fmt_held(row)}", flush=True)
+                for kind, count in row["gateway_warnings"].items():
+                    print(f"   {count} x {kind}", flush=True)
+    shutil.rmtree(var_dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------- routing
@@ -970,6 +1141,8 @@ def table(report: Report) -> str:
         "| c32 direct rps | c32 gateway rps (p99) | errors |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    if not report.sections:
+        lines = lines[:4]
     for s in report.sections:
         c0 = s.get("c1_0ms", {})
         c20 = s.get("c1_20ms", {})
@@ -1004,6 +1177,8 @@ def table(report: Report) -> str:
         lines += ["", f"Peer {p['name']}: skipped ({p['skipped']})"]
     for t in report.tracing:
         lines += ["", f"Tracing ({t['profile']}, serve x1, OTLP/HTTP to a local receiver): {fmt_tracing(t)}"]
+    for h in report.held:
+        lines += ["", f"Held ({h['profile']}, serve x1): {fmt_held(h)}"]
     for s in report.sections:
         if "stream" in s:
             lines += ["", f"Streaming ({s['profile']}, {s['server']}): {fmt_stream(s['stream'])}"]
@@ -1048,6 +1223,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="only the scheduling scenario: multi-tenant workloads through each policy (bench/scheduling.py)",
     )
+    parser.add_argument(
+        "--streams",
+        default="",
+        help="only the load-held scenario: comma-separated counts of concurrent slow streams, e.g. 500,2000",
+    )
     args = parser.parse_args(argv)
     if args.scheduling:
         from scheduling import bench_scheduling
@@ -1058,25 +1238,30 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print(text)
         return
+    args.streams = [int(n) for n in args.streams.split(",") if n.strip()]
     args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     args.workers = [int(w) for w in args.workers.split(",")]
     args.latencies = [int(x) for x in args.latencies.split(",")]
     if args.quick:
         args.rounds, args.per_round, args.wrk_seconds, args.wrk_rounds = 2, 20, 2, 1
         args.stream_rounds, args.soak, args.routing_seconds = 2, 2, 2
-    if not shutil.which("wrk") and not (args.routing or args.tracing):
+    only = args.routing or args.tracing or bool(args.streams)
+    if not shutil.which("wrk") and not (args.routing or args.tracing or args.streams):
         sys.exit("wrk is not installed: `make bench` installs it (apt-get install wrk)")
     report = Report(
         started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         machine={"cpus": os.cpu_count(), "python": sys.version.split()[0]},
     )
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
-    if not (args.routing or args.tracing):
+    if args.streams:
+        for profile in profiles:
+            bench_held(profile, args, report)
+    if not only:
         for profile in profiles:
             bench_profile(profile, args, report)
-    if not args.tracing:
+    if args.routing or not only:
         bench_routing(profiles[0], args, report)
-    if not args.routing:
+    if args.tracing or not only:
         bench_tracing(profiles[0], args, report)
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())

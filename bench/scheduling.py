@@ -130,7 +130,9 @@ def _start_sims(env: dict[str, str], args: Any) -> tuple[list[Any], list[int]]:
     return sims, ports
 
 
-def _figures(latencies: list[float], refused: int, errors: int, ports: list[int], before: dict[str, list[float]]):
+def _figures(
+    latencies: list[float], refused: int, errors: int, ports: list[int], before: dict[str, list[float]]
+) -> dict[str, Any]:
     served = [_metric(p, "vllm:request_success_total") - b for p, b in zip(ports, before["served"], strict=True)]
     hits = sum(_metric(p, "vllm:prefix_cache_hits_total") for p in ports) - sum(before["hits"])
     queried = sum(_metric(p, "vllm:prefix_cache_queries_total") for p in ports) - sum(before["queries"])

@@ -10,7 +10,7 @@ ones serve the admin, the commands, the sweeper's task and the tests, on the sam
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -317,6 +317,11 @@ def reservations_expire(*, older_than: timedelta) -> int:
 def reservation_renew(*, reservation_id: UUID | str) -> bool:
     """Push a held reservation's lease forward (its request is still running); False once it is closed."""
     return ledger().renew(reservation_id=reservation_id, lease_until=timezone.now() + LEASE)
+
+
+async def reservation_renew_many_async(*, reservation_ids: Sequence[UUID | str]) -> None:
+    """Renew the leases of every held reservation among `reservation_ids` (proxy.leases, each interval)."""
+    await ledger().renew_many_async(reservation_ids=reservation_ids, lease_until=timezone.now() + LEASE)
 
 
 async def reservation_renew_async(*, reservation_id: UUID | str) -> bool:

@@ -11,13 +11,15 @@ database Django uses (its settings, so tests get the test database).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from django.conf import settings
 from django.db import connections
 from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from core import state
 
@@ -89,6 +91,43 @@ async def get_pool() -> AsyncConnectionPool:
     if future is None or (future.done() and (future.exception() is not None or future.result().closed)):
         future = _pools.set(asyncio.get_running_loop().create_task(_open()))
     return await asyncio.shield(future)
+
+
+class PoolBusy(PoolTimeout):
+    """The checkout queued for SPEEDINFER_DB_QUEUE_TIMEOUT while the pool served others: the database is
+    up (keep the pool), this process is only past what its pool can carry."""
+
+
+@asynccontextmanager
+async def queued_connection(pool: AsyncConnectionPool) -> AsyncIterator[AsyncConnection[Any]]:
+    """A connection of `pool`, as pool.connection(), queueing through a burst.
+
+    A checkout waits in slices of SPEEDINFER_DB_TIMEOUT. A slice that ends with the pool unable to
+    connect (a failed connection attempt since the wait began, or no connection at all) is an
+    unreachable database: PoolTimeout, as before, so an outage is still a prompt 503. Any
+    other slice is a pool merely busy (a burst of arrivals): the wait goes on, up to
+    SPEEDINFER_DB_QUEUE_TIMEOUT in all (then PoolBusy, and the pool stays).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.SPEEDINFER_DB_QUEUE_TIMEOUT
+    errors_before = pool.get_stats().get("connections_errors", 0)
+    while True:
+        wait = max(0.001, min(settings.SPEEDINFER_DB_TIMEOUT, deadline - loop.time()))
+        try:
+            conn = await pool.getconn(timeout=wait)
+            break
+        except PoolTimeout:
+            stats = pool.get_stats()
+            cannot_connect = stats.get("connections_errors", 0) > errors_before or stats.get("pool_size", 0) == 0
+            if cannot_connect:
+                raise
+            if loop.time() >= deadline:
+                raise PoolBusy(f"no database connection free within {settings.SPEEDINFER_DB_QUEUE_TIMEOUT} s") from None
+    try:
+        async with conn:
+            yield conn
+    finally:
+        await pool.putconn(conn)
 
 
 def discard_pool(pool: AsyncConnectionPool) -> None:

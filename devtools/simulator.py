@@ -613,7 +613,16 @@ def main(argv: list[str] | None = None) -> None:
         uvloop.install()
     except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
         pass
-    web.run_app(simulator.app(), host=args.host, port=args.port, access_log=None, print=None, handler_cancellation=True)
+    # A burst of thousands of connections (bench --streams) overflows the default listen backlog of 128.
+    web.run_app(
+        simulator.app(),
+        host=args.host,
+        port=args.port,
+        access_log=None,
+        print=None,
+        handler_cancellation=True,
+        backlog=4096,
+    )
 
 
 if __name__ == "__main__":

@@ -14,9 +14,12 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from django.conf import settings
+
 from accounts.selectors import api_key_authenticate_async
 from catalog import cache as catalog
 from catalog.models import PublicModel
+from core import state
 from core.credits import format_credits
 from core.db import db_call
 from core.metrics import observe_request
@@ -133,8 +136,47 @@ ROUTES: dict[str, tuple[bytes, Handler]] = {
 }
 
 
+# Past this many /v1 requests in flight, the process answers new ones at once with 503 overloaded:
+# memory and the event loop's lag grow with every open request, and a process that took them all would
+# answer none of them well (docs/operations.md, Capacity). Read once at start-up; 0 turns it off.
+_max_inflight = state.Lazy("proxy.asgi.max_inflight", lambda: int(settings.SPEEDINFER_MAX_INFLIGHT))
+_inflight = 0  # /v1 requests this process is serving now (every increment has its decrement)
+_OVERLOADED = GatewayError(
+    503,
+    "overloaded",
+    "this gateway process is at capacity; nothing was charged; retry shortly",
+    headers=[(b"retry-after", b"1")],
+)
+
+
+def inflight() -> int:
+    return _inflight
+
+
 async def gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
+    global _inflight
     start_journal_replay()  # once per process: servers without the ASGI lifespan (daphne) start here
+    limit = _max_inflight.get()
+    if limit and _inflight >= limit:
+        await _refuse_overloaded(scope, receive, send)
+        return
+    _inflight += 1
+    try:
+        await _gateway_app(scope, receive, send)
+    finally:
+        _inflight -= 1
+
+
+async def _refuse_overloaded(scope: Scope, receive: Receive, send: Send) -> None:
+    ex = Exchange(scope, receive, send)
+    await ex.respond_error(_OVERLOADED)
+    path = scope["path"].rstrip("/")
+    ex.outcome.endpoint = path if path in ROUTES else "/v1/models/{id}" if path.startswith(MODEL_PREFIX) else "other"
+    observe_request(ex.outcome)
+    log_request(ex.outcome)
+
+
+async def _gateway_app(scope: Scope, receive: Receive, send: Send) -> None:
     ex = Exchange(scope, receive, send)
     path = scope["path"].rstrip("/") or "/"
     route = ROUTES.get(path)

@@ -36,11 +36,9 @@ from accounts.key_cache import KeyInfo
 from billing.models import UsageRecord
 from billing.pricing import cost_of, prompt_token_bound
 from billing.services import (
-    LEASE_RENEW_EVERY,
     InsufficientCredits,
     KeyBudgetExceeded,
     reservation_release_async,
-    reservation_renew_async,
     reservation_settle_async,
 )
 from catalog.models import PublicModel
@@ -143,17 +141,6 @@ class BilledCall:
         except KeyBudgetExceeded as exc:
             raise GatewayError(402, "key_budget_exceeded", str(exc)) from None
         self.reservation_id = reservation.pk
-
-    async def keep_lease(self) -> None:
-        """Renew the running request's reservation lease until cancelled (the request ended) or closed."""
-        every = LEASE_RENEW_EVERY.total_seconds()
-        while True:
-            await asyncio.sleep(every)
-            try:
-                if not await reservation_renew_async(reservation_id=self.reservation_id):
-                    return
-            except Exception:  # a database blip: the lease has room for the next try
-                log.warning("could not renew the lease of reservation %s", self.reservation_id, exc_info=True)
 
     async def settle(self, usage: Usage, status: str = UsageRecord.Status.OK) -> None:
         outcome = self._outcome()

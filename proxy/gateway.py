@@ -19,10 +19,9 @@ Database work is two thread hops per request: one to reserve, one to settle
 
 from __future__ import annotations
 
-import asyncio
-
 from accounts.key_cache import KeyInfo
 from catalog import cache as catalog
+from proxy import leases
 from proxy.auth import authenticate
 from proxy.billed import BilledCall
 from proxy.embeddings import parse_embeddings
@@ -30,7 +29,7 @@ from proxy.errors import GatewayError
 from proxy.exchange import Exchange
 from proxy.idempotency import idempotency_begin, idempotency_end, idempotency_key, idempotency_replay
 from proxy.payloads import parse_completion
-from proxy.ratelimit import rate_limit_admit, rate_limit_refund
+from proxy.ratelimit import rate_limit_admit, rate_limit_refund_soon
 from proxy.responses import parse_rerank, parse_responses
 from proxy.streaming import stream
 from proxy.upstream import admit, complete, prefix_hashes, select
@@ -92,7 +91,6 @@ async def _serve(ex: Exchange, params: CompletionParams, key: KeyInfo, calls: li
             )
 
     calls.append(call)
-    lease: asyncio.Task[None] | None = None
     slot = None
     try:
         hashes = prefix_hashes(params)
@@ -103,14 +101,14 @@ async def _serve(ex: Exchange, params: CompletionParams, key: KeyInfo, calls: li
             slot = await admit(call, hashes=hashes)
         with ex.trace.step("reserve"):
             await call.reserve()
-        lease = asyncio.create_task(call.keep_lease())
+        leases.hold(call.reservation_id)
         if params.stream:
             await stream(call)
         else:
             await complete(call)
     finally:
-        if lease is not None:
-            lease.cancel()
+        if call.reservation_id is not None:
+            leases.drop(call.reservation_id)
         if slot is not None:
             slot.release()
         outcome = ex.outcome
@@ -119,4 +117,4 @@ async def _serve(ex: Exchange, params: CompletionParams, key: KeyInfo, calls: li
             outcome.prompt_tokens, outcome.completion_tokens = call.usage.prompt_tokens, call.usage.completion_tokens
         # The tokens limit counts what was used, not the bound it admitted.
         used = outcome.prompt_tokens + outcome.completion_tokens if call.closed and call.usage is not None else 0
-        await rate_limit_refund(key=key, tokens=token_bound - used)
+        rate_limit_refund_soon(key=key, tokens=token_bound - used)

@@ -20,6 +20,7 @@ to this process's buckets, `fail` answers 503 service_unavailable.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -228,7 +229,17 @@ def _redis_scripts() -> tuple[object, object]:
     if found is None:
         config = get_rate_limit_config()
         timeout = config.redis_timeout
-        client = aioredis.Redis.from_url(config.redis_url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        # redis-py's pool holds 100 connections and raises past them: a burst of arrivals would read as a
+        # Redis outage and fall back to per-process limits. A blocking pool queues them (each admit is one
+        # short round trip), and only a wait past the timeout is an outage.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            config.redis_url,
+            max_connections=100,
+            timeout=timeout,
+            socket_connect_timeout=timeout,
+            socket_timeout=timeout,
+        )
+        client = aioredis.Redis.from_pool(pool)
         found = _scripts.set((client, client.register_script(_ADMIT), client.register_script(_REFUND)))
     return found[1], found[2]
 
@@ -283,3 +294,17 @@ async def rate_limit_refund(*, key: KeyInfo, tokens: int) -> None:
     except _REDIS_ERRORS:
         # Never fails the request (its answer is out); the local buckets took the admit, if any.
         _local.refund(key, tokens)
+
+
+_refunds: set[asyncio.Task[None]] = set()  # strong refs until done (the loop keeps only weak ones)
+
+
+def rate_limit_refund_soon(*, key: KeyInfo, tokens: int) -> None:
+    """rate_limit_refund off the response path: the answer has gone out, and its request's handler (and
+    the next request on its connection) need not wait for the refund's Redis round trip. The limit
+    stays exact: until the refund lands the bucket only counts more than was used, never less."""
+    if not key.tpm or tokens <= 0:
+        return
+    task = asyncio.get_running_loop().create_task(rate_limit_refund(key=key, tokens=tokens))
+    _refunds.add(task)
+    task.add_done_callback(_refunds.discard)

@@ -233,4 +233,6 @@ async def worker_failed(call: BilledCall, client: WorkerClient, error: WorkerErr
             return
     await call.release(error.code)
     headers = None if error.retry_helps else [(b"x-should-retry", b"false")]
+    if error.retry_after:
+        headers = [*(headers or []), (b"retry-after", str(error.retry_after).encode())]
     raise GatewayError(error.status, error.code, error.message, headers=headers) from None

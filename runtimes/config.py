@@ -21,7 +21,7 @@ class RuntimeConfig:
     read_timeout: float  # seconds between two chunks of the answer
     total_timeout: float  # the whole call's deadline
     client: str = "aiohttp"  # which connection pool carries httpx's API
-    max_connections: int = 1000
+    max_connections: int = 4096  # SPEEDINFER_UPSTREAM_MAX_CONNECTIONS: open upstream calls per process
     max_keepalive_connections: int = 200
     keepalive_expiry: float = 30.0
 
@@ -42,6 +42,8 @@ class RuntimeConfig:
             read_timeout=settings.SPEEDINFER_UPSTREAM_READ_TIMEOUT,
             total_timeout=settings.SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT,
             client=settings.SPEEDINFER_UPSTREAM_CLIENT,
+            max_connections=settings.SPEEDINFER_UPSTREAM_MAX_CONNECTIONS,
+            max_keepalive_connections=min(200, settings.SPEEDINFER_UPSTREAM_MAX_CONNECTIONS),
         )
 
 

@@ -20,6 +20,7 @@ class WorkerError(Exception):
     # False where the client's retry of the same request would fail the same way (the gateway then
     # answers `x-should-retry: false`, which the openai SDK honours; docs/api.md, Errors).
     retry_helps = True
+    retry_after: int | None = None  # seconds, sent as Retry-After
 
     def __init__(self, message: str, *, detail: str = "", unreachable: bool = False) -> None:
         super().__init__(message)
@@ -38,6 +39,17 @@ class UpstreamError(WorkerError):
 class UpstreamTimeout(WorkerError):
     status = 504
     code = "upstream_timeout"
+
+
+class UpstreamPoolBusy(WorkerError):
+    """Every connection of this process's upstream pool was in use for the whole pool wait: the gateway
+    process is at capacity, the worker is not at fault (no circuit count, no retry on another worker:
+    the pool is the process's). docs/interface.md, Errors: 503 overloaded with Retry-After."""
+
+    status = 503
+    code = "overloaded"
+    counts_against_circuit = False
+    retry_after = 1
 
 
 class TritonInferenceFailed(WorkerError):
@@ -62,10 +74,13 @@ def http_failures(
     who: str = "the worker", *, timed_out: str = "did not answer in time", broken: str = "could not be reached"
 ) -> Iterator[None]:
     """The one translation of transport failures into the errors of docs/interface.md: a timeout (httpx's, or an
-    asyncio deadline) is 504 upstream_timeout, any other httpx error 502 upstream_error. A WorkerError
-    raised inside passes through as it is."""
+    asyncio deadline) is 504 upstream_timeout, any other httpx error 502 upstream_error; a wait for one
+    of this process's pooled connections that ran out is 503 overloaded (UpstreamPoolBusy), not a worker
+    fault. A WorkerError raised inside passes through as it is."""
     try:
         yield
+    except httpx.PoolTimeout as exc:
+        raise UpstreamPoolBusy("the gateway is at capacity; retry shortly", detail=repr(exc)) from None
     except (httpx.TimeoutException, TimeoutError) as exc:
         error = UpstreamTimeout(f"{who} {timed_out}", detail=repr(exc))
         # Not connecting in time may pass; an answer that outlasts the read or total timeout is as long

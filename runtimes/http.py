@@ -6,7 +6,8 @@ library sits here is a measured choice (see the performance notes in README).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import httpx
@@ -32,9 +33,10 @@ def _translated(exc: httpx.ConnectTimeout, request: httpx.Request) -> httpx.Tran
 
 
 class _Stream(httpx.AsyncByteStream):
-    def __init__(self, inner: httpx.AsyncByteStream, request: httpx.Request) -> None:
+    def __init__(self, inner: httpx.AsyncByteStream, request: httpx.Request, release: Callable[[], None]) -> None:
         self._inner = inner
         self._request = request
+        self._release: Callable[[], None] | None = release
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
@@ -44,18 +46,46 @@ class _Stream(httpx.AsyncByteStream):
             raise _translated(exc, self._request) from exc.__cause__
 
     async def aclose(self) -> None:
-        await self._inner.aclose()
+        try:
+            await self._inner.aclose()
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()
 
 
 class _AiohttpTransport(AiohttpTransport):
-    """httpx's API over aiohttp's connection pool, with aiohttp's errors told apart correctly."""
+    """httpx's API over aiohttp's connection pool, with aiohttp's errors told apart correctly.
+
+    aiohttp's own pool limit times out the wait for a free connection and the TCP connect as one
+    `connect` timeout, so a process at capacity would look like a worker that does not answer (504,
+    counted against its circuit). A request holds one slot of `_slots` from send to the response's close,
+    so the wait for a slot is told apart: httpx.PoolTimeout (503 overloaded, runtimes.errors)."""
+
+    def __init__(self, *, limits: httpx.Limits) -> None:
+        super().__init__(limits=limits)
+        self._slots = asyncio.Semaphore(limits.max_connections or 1_000_000)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        slots = self._slots
+        if slots.locked():
+            pool_wait = request.extensions.get("timeout", {}).get("pool")
+            try:
+                async with asyncio.timeout(pool_wait):
+                    await slots.acquire()
+            except TimeoutError:
+                raise httpx.PoolTimeout("every pooled upstream connection is in use", request=request) from None
+        else:
+            await slots.acquire()  # a free slot: taken without suspending
         try:
             response = await super().handle_async_request(request)
         except httpx.ConnectTimeout as exc:
+            slots.release()
             raise _translated(exc, request) from exc.__cause__
-        response.stream = _Stream(response.stream, request)  # type: ignore[arg-type]
+        except BaseException:
+            slots.release()
+            raise
+        response.stream = _Stream(response.stream, request, slots.release)  # type: ignore[arg-type]
         return response
 
 

@@ -123,6 +123,8 @@ TEMPLATES = [
 # Seconds a database connection (Django's, or the gateway pool's connect and checkout) may take before
 # the request gets 503 service_unavailable instead of a hang; Redis's connect and reply likewise.
 SPEEDINFER_DB_TIMEOUT = env_float("SPEEDINFER_DB_TIMEOUT", 2.0, minimum=0.1)
+# A burst queues for the gateway's database pool this long at most while the pool serves others (core.pgpool).
+SPEEDINFER_DB_QUEUE_TIMEOUT = env_float("SPEEDINFER_DB_QUEUE_TIMEOUT", 30.0, minimum=0.1)
 SPEEDINFER_REDIS_TIMEOUT = env_float("SPEEDINFER_REDIS_TIMEOUT", 1.0, minimum=0.1)
 # Redis unreachable: `local` serves rate-limited keys with this process's own limiter, `fail` answers 503.
 SPEEDINFER_REDIS_OUTAGE = env_choice("SPEEDINFER_REDIS_OUTAGE", "local", choices=("local", "fail"))
@@ -181,8 +183,13 @@ if REDIS_URL:
     }
     # Connect timeout only: the layer's receive is a blocking pop that waits longer than any read timeout.
     _REDIS_HOST = {"address": REDIS_URL, "socket_connect_timeout": SPEEDINFER_REDIS_TIMEOUT}
+    # Namespaced by the database, as workers/fleet.py's keys are: two deployments sharing one Redis
+    # database must not deliver usage to each other's dashboards (channels_redis's groups are global).
     CHANNEL_LAYERS: dict[str, Any] = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [_REDIS_HOST]}}
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [_REDIS_HOST], "prefix": f"asgi:{DATABASES['default']['NAME']}"},
+        }
     }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
@@ -310,6 +317,12 @@ SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT
 SPEEDINFER_DB_POOL_SIZE = env_int("SPEEDINFER_DB_POOL_SIZE", 8, minimum=1)
 # How often the schedule checks spend alerts and delivers them (manage.py sendalerts does one run).
 SPEEDINFER_ALERTS_INTERVAL = env_float("SPEEDINFER_ALERTS_INTERVAL", 30.0, minimum=1.0)
+# Open upstream calls (a stream holds one for its whole length) per gateway process; past it a call waits
+# SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT for a free one, then 503 overloaded (docs/operations.md).
+# /v1 requests in flight per gateway process; past it new ones get a prompt 503 overloaded (proxy/asgi.py).
+# Below SPEEDINFER_UPSTREAM_MAX_CONNECTIONS, so the edge refuses before a call waits for the pool.
+SPEEDINFER_MAX_INFLIGHT = env_int("SPEEDINFER_MAX_INFLIGHT", 4000, minimum=0)
+SPEEDINFER_UPSTREAM_MAX_CONNECTIONS = env_int("SPEEDINFER_UPSTREAM_MAX_CONNECTIONS", 4096, minimum=1)
 SPEEDINFER_UPSTREAM_CLIENT = env_choice("SPEEDINFER_UPSTREAM_CLIENT", "aiohttp", choices=("aiohttp", "httpx"))
 
 CELERY_BEAT_SCHEDULE = {

@@ -209,11 +209,10 @@ def test_the_sweeper_never_frees_a_running_stream_and_its_content_is_charged(gat
     from datetime import timedelta
 
     import billing.services
-    import proxy.billed
 
-    # A 2 s lease renewed every 0.5 s, so the 5 s stream outlives several leases.
+    # A 2 s lease renewed every 0.5 s (by the process's lease keeper), so the 5 s stream outlives several leases.
     monkeypatch.setattr(billing.services, "LEASE", timedelta(seconds=2))
-    monkeypatch.setattr(proxy.billed, "LEASE_RENEW_EVERY", timedelta(seconds=0.5))
+    monkeypatch.setattr(billing.services, "LEASE_RENEW_EVERY", timedelta(seconds=0.5))
     make_model(model_id="acme/model-1", max_output_tokens=64, input_price=MICRO, output_price=MICRO)
     register_worker(simulator.base_url, worker_id="sim-long")
     who = customer(gateway_server, credits_micro=10 * MICRO, name="long-stream")

@@ -162,3 +162,18 @@ def test_the_limit_holds_across_event_loops_and_threads(world):
     for thread in threads:
         thread.join()
     assert admitted.count(True) == 10
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="REDIS_URL is not set")
+def test_a_burst_past_the_redis_pool_is_still_limited_exactly_in_redis(world, caplog):
+    """300 admits at once on one loop (more than the Redis client's 100 connections): they queue for a
+    connection instead of reading as a Redis outage, so the shared limit still counts every one."""
+    key = _key(world, rpm=250)
+
+    async def burst() -> list[bool]:
+        decisions = await asyncio.gather(*(rate_limit_admit(key=key, tokens=1) for _ in range(300)))
+        return [d.allowed for d in decisions]
+
+    admitted = asyncio.run(burst())
+    assert admitted.count(True) == 250
+    assert "Redis is unreachable" not in caplog.text

@@ -33,6 +33,7 @@ Grants are not here: they write an audit row in the same transaction (billing.se
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any, Protocol
@@ -100,6 +101,10 @@ class Ledger(Protocol):
         """Push a held reservation's lease forward; False once it is closed."""
 
     async def renew_async(self, *, reservation_id: UUID | str, lease_until: datetime) -> bool: ...
+
+    async def renew_many_async(self, *, reservation_ids: Sequence[UUID | str], lease_until: datetime) -> None:
+        """Push every still-held reservation of `reservation_ids` forward in one transaction (the
+        process's lease keeper: one statement per interval, whatever the number of requests)."""
 
     def expire(self, *, reservation_id: UUID | str, note: str, now: datetime) -> bool:
         """The sweeper's release of a held reservation whose lease passed before `now`; False when it

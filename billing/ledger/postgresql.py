@@ -25,7 +25,7 @@ from accounts.models import Account, ApiKey
 from billing.ledger import ReserveResult, month_start
 from billing.models import KeySpend, LedgerEntry, Reservation, UsageRecord
 from core.outages import PSYCOPG_DB_ERRORS, DatabaseUnavailable
-from core.pgpool import discard_pool, get_pool
+from core.pgpool import PoolBusy, discard_pool, get_pool, queued_connection
 
 _ACCOUNT = Account._meta.db_table
 _RESERVATION = Reservation._meta.db_table
@@ -237,6 +237,16 @@ WITH res AS (
 SELECT count(*) FROM res
 """
 
+# The process's lease keeper (proxy.leases): one statement per interval for every hold it is serving.
+RENEW_MANY = f"""
+WITH res AS (
+    UPDATE {_RESERVATION} SET lease_until = %(lease_until)s::timestamptz
+    WHERE id = ANY(%(ids)s::uuid[]) AND status = 'held'
+    RETURNING 1
+)
+SELECT count(*) FROM res
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class Statement:
@@ -371,14 +381,15 @@ async def _execute_async(statement: Statement) -> UsageRecord | ReserveResult | 
         pool = await get_pool()  # a pool that cannot connect fails its opening within the timeout
         sent = False
         try:
-            async with pool.connection() as conn:
+            async with queued_connection(pool) as conn:
                 sent = True
                 cursor = await conn.execute(statement.sql, statement.params)
                 row = await cursor.fetchone()
                 names = [col.name for col in cursor.description or ()]
             break
-        except PoolTimeout:
-            discard_pool(pool)
+        except PoolTimeout as exc:
+            if not isinstance(exc, PoolBusy):  # busy, not broken: the pool stays
+                discard_pool(pool)
             raise
         except psycopg.errors.UniqueViolation:
             # Only a re-sent reserve gets here: the first try committed before its connection
@@ -513,6 +524,10 @@ class PostgreSQLLedger:
 
     async def renew_async(self, *, reservation_id: UUID | str, lease_until: datetime) -> bool:
         return await execute_async(_renew_statement(reservation_id, lease_until)) is True
+
+    async def renew_many_async(self, *, reservation_ids: Sequence[UUID | str], lease_until: datetime) -> None:
+        params = {"ids": [str(r) for r in reservation_ids], "lease_until": lease_until}
+        await execute_async(Statement(RENEW_MANY, params, returns_usage=False))
 
     def expire(self, *, reservation_id: UUID | str, note: str, now: datetime) -> bool:
         params = {"id": reservation_id, "now": now, "note": note, "reference": str(reservation_id)}

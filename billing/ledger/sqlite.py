@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
@@ -490,6 +490,20 @@ def _renew(reservation_id: UUID | str, lease_until: datetime) -> Callable[[_Db],
     return work
 
 
+def _renew_many(reservation_ids: Sequence[UUID | str], lease_until: datetime) -> Callable[[_Db], None]:
+    def work(db: _Db) -> None:
+        ids = [_uuid(r) for r in reservation_ids]
+        for at in range(0, len(ids), 500):  # well under SQLite's bound on parameters
+            chunk = ids[at : at + 500]
+            db.execute(
+                f"UPDATE {_RESERVATION} SET lease_until = ? WHERE status = 'held'"
+                f" AND id IN ({','.join('?' * len(chunk))})",
+                (_text(lease_until), *chunk),
+            )
+
+    return work
+
+
 class SQLiteLedger:
     """billing.ledger.Ledger on SQLite: the same statements on the process's own connection on the
     event loop (async) or on Django's connection (sync)."""
@@ -543,6 +557,9 @@ class SQLiteLedger:
 
     async def renew_async(self, *, reservation_id: UUID | str, lease_until: datetime) -> bool:
         return await run(_renew(reservation_id, lease_until))
+
+    async def renew_many_async(self, *, reservation_ids: Sequence[UUID | str], lease_until: datetime) -> None:
+        await run(_renew_many(reservation_ids, lease_until))
 
     def expire(self, *, reservation_id: UUID | str, note: str, now: datetime) -> bool:
         work = _return_hold(
