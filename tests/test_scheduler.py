@@ -43,7 +43,7 @@ def fleet(gateway_server: Any) -> Any:
                 Simulator(behaviour=Behaviour(latency_ms=latency_ms, deltas=2), max_concurrency=capacity or 0, gpu=gpu)
             ).start()
             started.append(sim)
-            extra = {"max_concurrency": capacity} if capacity else {}
+            extra: dict[str, Any] = {"max_concurrency": capacity} if capacity else {}
             register_worker(sim.base_url, worker_id=f"w{i}", **extra)
         return started
 
