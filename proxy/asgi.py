@@ -261,6 +261,18 @@ _API_LOOKING = re.compile(
 )
 
 
+# The public price list is a page at /models/ (console.pages.prices): a browser asking for HTML gets it,
+# an API client that left /v1 out of its base URL still gets the JSON 404.
+_PAGES = frozenset({"/models", "/models/"})
+
+
+def _wants_page(scope: Scope) -> bool:
+    if scope["path"] not in _PAGES:
+        return False
+    accept = next((value for name, value in scope.get("headers", ()) if name == b"accept"), b"")
+    return b"text/html" in accept
+
+
 def with_gateway(django_app: Any) -> ASGIApp:
     """HTTP requests under /v1 (and API-looking paths, answered with a JSON 404) go to the gateway,
     everything else to Django."""
@@ -268,7 +280,7 @@ def with_gateway(django_app: Any) -> ASGIApp:
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
-        if path.startswith("/v1/") or path == "/v1" or _API_LOOKING.match(path):
+        if path.startswith("/v1/") or path == "/v1" or (_API_LOOKING.match(path) and not _wants_page(scope)):
             await gateway_app(scope, receive, send)
         else:
             await django_app(scope, receive, send)

@@ -141,3 +141,10 @@ def test_402_is_an_api_status_error_with_the_code_in_the_sdk(world):
     assert refused.value.status_code == 402
     assert refused.value.code == "insufficient_credits"
     assert money(world["account"]) == (10 * MICRO, 0)
+
+
+def test_the_price_list_page_is_html_for_a_browser_and_a_json_404_for_an_api_client(world):
+    page = httpx.get(world["url"] + "/models/", headers={"Accept": "text/html,application/xhtml+xml"})
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    api = httpx.get(world["url"] + "/models", headers={"Authorization": world["headers"]["Authorization"]})
+    assert api.status_code == 404 and api.json()["error"]["code"] == "not_found"

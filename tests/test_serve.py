@@ -43,8 +43,18 @@ def fleet_keys() -> list[bytes]:
     import redis
 
     client = redis.Redis.from_url(settings.REDIS_URL)
+    # This test process's own in-process gateway (the live server other tests share) keeps its entry:
+    # only what the served processes wrote counts.
+    mine = fleet.PROCESS.encode()
     try:
-        return sorted(client.scan_iter(match=f"{fleet.processes_key()[: -len('procs')]}*"))
+        found = []
+        for key in sorted(client.scan_iter(match=f"{fleet.processes_key()[: -len('procs')]}*")):
+            if key == fleet.processes_key().encode():
+                if {m for m in client.smembers(key) if m != mine}:
+                    found.append(key)
+            elif not key.endswith(mine):
+                found.append(key)
+        return found
     finally:
         client.close()
 
