@@ -17,7 +17,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from django.db import connection
+from django.db import IntegrityError, connection
 from django.utils import timezone
 from psycopg_pool import PoolTimeout
 
@@ -354,12 +354,31 @@ def _result(
     return record
 
 
+# A close caps its charge by the account row it locks, so the CHECK on available should never fire; it did
+# once in CI, in the mixed-close race test (a settle of a sweeper-expired hold racing other closes), with
+# the cap apparently read from a newer row version than the one updated. The cause is not pinned down; the
+# CHECK refused the write, so nothing was written, and the same statement under a fresh snapshot is right.
+_STALE_CAP = "account_available_non_negative"
+_CLOSE_TRIES = 3
+
+
+def _stale_cap(exc: BaseException) -> bool:
+    return _STALE_CAP in str(exc)
+
+
 def execute(statement: Statement) -> UsageRecord | ReserveResult | bool | None:
     """Run on Django's connection (sync callers, and inside an outer transaction)."""
-    with connection.cursor() as cursor:
-        cursor.execute(statement.sql, statement.params)
-        row = cursor.fetchone()
-        names = [col.name for col in cursor.description or ()]
+    for attempt in range(1, _CLOSE_TRIES + 1):
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(statement.sql, statement.params)
+                row = cursor.fetchone()
+                names = [col.name for col in cursor.description or ()]
+            break
+        except IntegrityError as exc:
+            # Inside an outer transaction the failed statement aborted it: only autocommit may retry.
+            if attempt == _CLOSE_TRIES or connection.in_atomic_block or not _stale_cap(exc):
+                raise
     return _result(statement, row, names)
 
 
@@ -369,10 +388,15 @@ async def execute_async(statement: Statement) -> UsageRecord | ReserveResult | b
     An unreachable database raises core.outages.DatabaseUnavailable within about
     SPEEDINFER_DB_TIMEOUT (twice that at worst, when a broken connection is retried once).
     """
-    try:
-        return await _execute_async(statement)
-    except PSYCOPG_DB_ERRORS as exc:
-        raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
+    for attempt in range(1, _CLOSE_TRIES + 1):
+        try:
+            return await _execute_async(statement)
+        except psycopg.errors.CheckViolation as exc:
+            if attempt == _CLOSE_TRIES or not _stale_cap(exc):
+                raise
+        except PSYCOPG_DB_ERRORS as exc:
+            raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
+    raise AssertionError("unreachable")
 
 
 async def _execute_async(statement: Statement) -> UsageRecord | ReserveResult | bool | None:
