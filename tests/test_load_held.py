@@ -51,7 +51,7 @@ def test_a_full_upstream_pool_is_503_overloaded_and_not_the_workers_fault(world)
         with httpx.stream(
             "POST",
             world["url"] + "/v1/chat/completions",
-            json={"model": "acme/model-1", "messages": [{"role": "user", "content": "[sim deltas=8 delay=150]"}]}
+            json={"model": "acme/model-1", "messages": [{"role": "user", "content": "[sim deltas=20 delay=150]"}]}
             | {"stream": True},
             headers={"Authorization": f"Bearer {world['secret']}"},
             timeout=10,
@@ -117,7 +117,7 @@ def test_past_the_in_flight_limit_new_requests_get_a_prompt_503_overloaded(world
         with httpx.stream(
             "POST",
             world["url"] + "/v1/chat/completions",
-            json={"model": "acme/model-1", "messages": [{"role": "user", "content": "[sim deltas=8 delay=150]"}]}
+            json={"model": "acme/model-1", "messages": [{"role": "user", "content": "[sim deltas=20 delay=150]"}]}
             | {"stream": True},
             headers={"Authorization": f"Bearer {world['secret']}"},
             timeout=10,

@@ -187,7 +187,13 @@ def test_requests_another_gateway_process_has_in_flight_count_across_processes(p
 
 
 def test_the_admin_shows_the_load(pair, django_user_model):
-    _run(pair, concurrency=1, per_client=3)
+    # The slow worker needs a latency estimate to show: load until it has served a request (an idle fast
+    # worker is preferred, so a light run may send it none).
+    for _ in range(10):
+        split, _ = _run(pair, concurrency=4, per_client=3)
+        if pair["slow"].simulator.stats.completed:
+            break
+    assert pair["slow"].simulator.stats.completed, split
     Worker.objects.filter(worker_id="slow").update(runtime_queue=7)
     django_user_model.objects.create_superuser(username="admin", email="a@example.com", password="pw-12345678")
     staff = Client()
