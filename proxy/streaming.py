@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import orjson
 
@@ -22,7 +23,7 @@ from proxy.tracing import NO_WORKER_SPAN, WorkerSpan
 from proxy.upstream import worker_failed
 from runtimes.errors import RuntimeUsageUnavailable, UpstreamError, UpstreamTimeout, WorkerError
 from runtimes.interface import DONE, WorkerClient, WorkerStream
-from runtimes.request import RESPONSES, usage_from
+from runtimes.request import RESPONSES, Usage, usage_from
 from runtimes.responses import usage_of_response
 from workers import routing
 
@@ -117,7 +118,6 @@ async def _relay(
     ex = call.ex
     public_model = call.params.model
     include_usage = call.params.include_usage
-    worker = client.worker
     payload: bytes | None = first
     try:
         while payload is not None:
@@ -148,22 +148,41 @@ async def _relay(
         if call.usage is None:
             raise RuntimeUsageUnavailable("the worker's stream ended without usage; nothing was charged")
     except WorkerError as error:
-        span.end(error.code)
-        ex.interruptible = False
-        await upstream.aclose()
-        try:
-            await worker_failed(call, client, error, attempt=None)
-        except GatewayError as failure:
-            # The 200 is already sent: the error goes in the stream, and the record keeps the real status.
-            ex.outcome.status, ex.outcome.error_code = failure.status, failure.code
-            await ex.end_stream(b"data: " + orjson.dumps(failure.body()) + b"\n\n")
+        await _failed_mid_stream(
+            call, client, upstream, span, error, lambda failure: b"data: " + orjson.dumps(failure.body()) + b"\n\n"
+        )
         return
-    ex.interruptible = False
-    await routing.record_success(worker.worker_id)
-    await call.settle(call.usage)
-    await ex.end_stream(b"data: [DONE]\n\n")
-    # Read the upstream body to its end (after [DONE] only the chunked terminator is left): a response
-    # closed before its end takes its connection down with it, and the next stream would open a new one.
+    await _completed(call, client, upstream, call.usage, b"data: [DONE]\n\n")
+
+
+async def _failed_mid_stream(
+    call: BilledCall,
+    client: WorkerClient,
+    upstream: WorkerStream,
+    span: WorkerSpan,
+    error: WorkerError,
+    frame: Callable[[GatewayError], bytes],
+) -> None:
+    """The worker failed after the 200 was sent: its failure path runs as before the stream, and the
+    client's error goes in the stream as `frame(failure)` (the record keeps the real status)."""
+    span.end(error.code)
+    call.ex.interruptible = False
+    await upstream.aclose()
+    try:
+        await worker_failed(call, client, error, attempt=None)
+    except GatewayError as failure:
+        call.ex.outcome.status, call.ex.outcome.error_code = failure.status, failure.code
+        await call.ex.end_stream(frame(failure))
+
+
+async def _completed(call: BilledCall, client: WorkerClient, upstream: WorkerStream, usage: Usage, last: bytes) -> None:
+    """The stream ended with usage: settle on it, send `last`, and drain the upstream body."""
+    call.ex.interruptible = False
+    await routing.record_success(client.worker.worker_id)
+    await call.settle(usage)
+    await call.ex.end_stream(last)
+    # Read the upstream body to its end (after the last event only the chunked terminator is left): a
+    # response closed before its end takes its connection down with it, and the next stream opens a new one.
     with contextlib.suppress(Exception):
         async with asyncio.timeout(1):
             async for _ in upstream.payloads:
@@ -219,28 +238,18 @@ async def _relay_events(
         if call.usage is None:
             raise RuntimeUsageUnavailable("the worker's stream ended without usage; nothing was charged")
     except WorkerError as error:
-        span.end(error.code)
-        ex.interruptible = False
-        await upstream.aclose()
-        try:
-            await worker_failed(call, client, error, attempt=None)
-        except GatewayError as failure:
-            ex.outcome.status, ex.outcome.error_code = failure.status, failure.code
+
+        def error_event(failure: GatewayError) -> bytes:
             # The Responses API's error event (the SDK raises it as an APIError).
-            error_event = {
+            event = {
                 "type": "error",
                 "code": failure.code,
                 "message": failure.message,
                 "param": failure.param,
                 "sequence_number": sequence + 1,
             }
-            await ex.end_stream(b"event: error\ndata: " + orjson.dumps(error_event) + b"\n\n")
+            return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+        await _failed_mid_stream(call, client, upstream, span, error, error_event)
         return
-    ex.interruptible = False
-    await routing.record_success(client.worker.worker_id)
-    await call.settle(call.usage)
-    await ex.end_stream()
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(1):
-            async for _ in upstream.payloads:
-                pass
+    await _completed(call, client, upstream, call.usage, b"")
