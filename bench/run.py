@@ -5,7 +5,8 @@ the same machine, so the figures that matter are differences and ratios, not the
 absolute times of a noisy 2-core box. See README "Performance" for how to read it.
 
     python bench/run.py [--profiles full,embedded] [--servers serve,uvicorn,granian,daphne] [--quick] [--soak 300]
-    python bench/run.py --no-peers                            # without Portkey's gateway beside SpeedInfer
+    python bench/run.py --no-peers                            # without the peers (Portkey, LiteLLM) beside SpeedInfer
+    python bench/run.py --peers portkey                       # only Portkey beside SpeedInfer
     python bench/run.py --routing [--routing-seconds 10]   # only the routing scenario
     python bench/run.py --tracing                             # only tracing off vs on (OTLP to a local receiver)
     python bench/run.py --streams 500,2000 --profiles full  # only the load-held scenario (slow streams)
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -25,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -207,6 +210,27 @@ def seed(env: dict[str, str], upstream: str | None) -> str:
     manage(env, "registerworker", "-", stdin=json.dumps(worker))
     manage(env, "probeworkers")
     return secret.strip().splitlines()[-1]
+
+
+SEED_ACCOUNTS = """
+import sys
+from accounts.services import account_create, api_key_create
+from billing.services import credits_grant
+for i in range(int(sys.argv[1])):
+    account = account_create(name=f"bench-{i}", actor="bench")
+    credits_grant(account=account, amount=1_000_000 * 1_000_000, actor="bench")
+    key = api_key_create(account=account, name="bench", rpm=100_000_000, tpm=1_000_000_000, actor="bench")
+    print(key.secret)
+"""
+
+
+def seed_accounts(env: dict[str, str], n: int) -> list[str]:
+    """n more accounts with credits and a key each (one process, not 3n commands); their secrets."""
+    out = subprocess.run(  # noqa: S603
+        [PY, "manage.py", "shell", "-c", f"import sys; sys.argv = ['', '{n}']\n{SEED_ACCOUNTS}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return out.split()[-n:]
 
 
 SERVERS: dict[str, list[str]] = {
@@ -515,6 +539,7 @@ class Report:
     sections: list[dict[str, Any]] = field(default_factory=list)
     routing: list[dict[str, Any]] = field(default_factory=list)
     peers: list[dict[str, Any]] = field(default_factory=list)  # skipped peers, and why
+    soaks: list[dict[str, Any]] = field(default_factory=list)
     tracing: list[dict[str, Any]] = field(default_factory=list)
     held: list[dict[str, Any]] = field(default_factory=list)  # --streams: open streams held by one process
 
@@ -923,6 +948,136 @@ def running(procs: list[Proc]) -> Iterator[None]:
             proc.stop()
 
 
+def _fds(proc: Proc) -> int:
+    """Open file descriptors of the process and its children."""
+    pids = [proc.popen.pid]
+    children = subprocess.run(["pgrep", "-P", str(proc.popen.pid)], capture_output=True, text=True, check=False)
+    pids += [int(c) for c in children.stdout.split()]
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError):
+            total += len(os.listdir(f"/proc/{pid}/fd"))
+    return total
+
+
+def _stores_sample(profile: str) -> dict[str, int]:
+    """What the shared stores hold: Redis keys and memory, PostgreSQL connections to the bench database."""
+    if profile != "full":
+        return {}
+    import psycopg
+    import redis
+
+    r = redis.Redis.from_url(REDIS_URL)
+    name = PG_URL.rpartition("/")[2]
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (name,)).fetchone()
+    return {
+        "redis_keys": int(r.dbsize()),
+        "redis_set_members": sum(int(r.scard(k)) for k in r.scan_iter("*procs*")),
+        "redis_used_memory": int(r.info("memory")["used_memory"]),
+        "pg_connections": int(row[0]) if row else 0,
+    }
+
+
+def _restarting(env: dict[str, str], key: str, every: float, stop: threading.Event, tally: dict[str, int]) -> None:
+    """A second gateway process on the same stores, stopped (SIGTERM) and started again every `every`
+    seconds while serving a light closed loop of its own: each answer it gives must be a 200."""
+    payload = json.dumps(body()).encode()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+    while not stop.is_set():
+        port = free_port()
+        proc = start("serve-restarted", server_cmd("serve", port, 1), env, port=port)
+        deadline = time.monotonic() + every
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            while time.monotonic() < deadline and not stop.is_set():
+                conn.request("POST", "/v1/chat/completions", body=payload, headers=headers)
+                response = conn.getresponse()
+                response.read()
+                tally["answers"] += 1
+                tally["non_200"] += response.status != 200
+                time.sleep(0.02)
+        finally:
+            conn.close()
+            proc.stop()
+        tally["restarts"] += 1
+
+
+def bench_soak(profile: str, args: argparse.Namespace, report: Report) -> None:
+    """`--soak S --restart-every R`: S seconds of c32 on one gateway process, while a second one on the
+    same stores is restarted every R seconds; samples every 10 s of the first one's RSS and open files,
+    and of what Redis and PostgreSQL hold (nothing may grow with the restarts)."""
+    var_dir = Path(tempfile.mkdtemp(prefix=f"speedinfer-soak-{profile}-"))
+    env = profile_env(profile, var_dir)
+    reset_stores(profile)
+    up_port = free_port()
+    upstream = start(
+        "upstream",
+        [PY, "-m", "devtools.simulator", "--port", str(up_port), "--model", MODEL, "--deltas", "16"],
+        env,
+        port=up_port,
+    )
+    with running([upstream]):
+        key = seed(env, f"http://127.0.0.1:{up_port}/v1")
+        port = free_port()
+        steady = start("serve", server_cmd("serve", port, 1), env, port=port)
+        with running([steady]):
+            gateway = Target("gateway", port, "/v1/chat/completions", key)
+            wrk(gateway, body(), seconds=3)  # warm: pools, caches
+            every = f"a second gateway restarted every {args.restart_every:g} s"
+            print(f"== soak ({profile}): {args.soak} s at c32, {every}", flush=True)
+            stop = threading.Event()
+            tally = {"answers": 0, "non_200": 0, "restarts": 0}
+            restarter = threading.Thread(target=_restarting, args=(env, key, args.restart_every, stop, tally))
+            samples: list[dict[str, Any]] = []
+            started = time.monotonic()
+            load = subprocess.Popen(  # noqa: S603
+                [PY, "-c", "import json,sys; sys.path.insert(0, 'bench'); import run; "
+                 f"print(json.dumps(run.wrk(run.Target('gateway', {port}, '/v1/chat/completions', {key!r}), "
+                 f"run.body(), seconds={args.soak})))"],
+                cwd=ROOT, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            restarter.start()
+            while load.poll() is None:
+                sample = {"t_s": round(time.monotonic() - started), "rss_mib": steady.rss_kib() / 1024,
+                          "open_files": _fds(steady), **_stores_sample(profile)}  # fmt: skip
+                samples.append(sample)
+                print(f"   {sample}", flush=True)
+                for _ in range(100):
+                    if load.poll() is not None:
+                        break
+                    time.sleep(0.1)
+            stop.set()
+            restarter.join()
+            result = json.loads(load.communicate()[0].strip().splitlines()[-1])
+            time.sleep(1)  # the last restarted process's withdrawal
+            samples.append({"t_s": round(time.monotonic() - started), "rss_mib": steady.rss_kib() / 1024,
+                            "open_files": _fds(steady), **_stores_sample(profile)})  # fmt: skip
+    row = {"profile": profile, "seconds": args.soak, "requests": result["requests"], "errors": result["errors"],
+           "rps": result["rps"], "restart_every_s": args.restart_every, **tally, "samples": samples}  # fmt: skip
+    report.soaks.append(row)
+    print(f"   {fmt_soak(row)}", flush=True)
+    shutil.rmtree(var_dir, ignore_errors=True)
+
+
+def fmt_soak(row: dict[str, Any]) -> str:
+    first, steady, last = row["samples"][0], row["samples"][1:-1] or row["samples"], row["samples"][-1]
+
+    def span(name: str, scale: float = 1.0, unit: str = "") -> str:
+        values = [s[name] * scale for s in steady if name in s]
+        if not values:
+            return ""
+        return f"{name} {first[name] * scale:.1f} -> {last[name] * scale:.1f}{unit} (max {max(values):.1f})"
+
+    parts = [span("rss_mib", unit=" MiB"), span("open_files"), span("redis_keys"), span("redis_set_members"),
+             span("redis_used_memory", 1 / 1024, " KiB"), span("pg_connections")]  # fmt: skip
+    return (
+        f"{row['seconds']} s at c32: {row['requests']} requests ({row['rps']:.0f}/s), {row['errors']} errors; "
+        f"restarted gateway: {row['restarts']} restarts, {row['answers']} answers, {row['non_200']} not 200; "
+        + "; ".join(p for p in parts if p)
+    )
+
+
 def bench_profile(profile: str, args: argparse.Namespace, report: Report) -> None:
     var_dir = Path(tempfile.mkdtemp(prefix=f"speedinfer-bench-{profile}-"))
     env = profile_env(profile, var_dir)
@@ -958,6 +1113,8 @@ def _bench_servers(
         if triton is not None:
             seed_triton(env, triton.url)
         direct = Target("direct", up_port, "/v1/chat/completions")
+        # --accounts N: a second c32 row with each request from the next of N accounts (one key each).
+        spread = seed_accounts(env, args.accounts) if args.accounts > 1 else []
         for server in args.servers:
             for workers in args.workers:
                 if server == "daphne" and workers != 1:
@@ -982,11 +1139,28 @@ def _bench_servers(
                     served = sum(r["requests"] for r in section["c32_0ms"]["runs"]["gateway"])
                     section["c32_0ms"]["cpu_ms_per_request"] = (gw.cpu_s() - cpu_before) * 1000 / max(1, served)
                     print(f"   c32: {fmt_tp(section['c32_0ms'])}", flush=True)
+                    if spread:
+                        many = Target("gateway", gw_port, "/v1/chat/completions", ",".join(spread))
+                        cpu_before = gw.cpu_s()
+                        section["c32_accounts"] = throughput(
+                            direct, many, body(), seconds=args.wrk_seconds, rounds=args.wrk_rounds
+                        )
+                        served = sum(r["requests"] for r in section["c32_accounts"]["runs"]["gateway"])
+                        section["c32_accounts"]["cpu_ms_per_request"] = (
+                            (gw.cpu_s() - cpu_before) * 1000 / max(1, served)
+                        )
+                        section["c32_accounts"]["accounts"] = len(spread)
+                        print(f"   c32 over {len(spread)} accounts: {fmt_tp(section['c32_accounts'])}", flush=True)
                     if server == args.servers[0] and workers == args.workers[0]:
                         section["stream"] = streaming(
                             direct, gateway, deltas=64, delay_ms=20, rounds=args.stream_rounds
                         )
                         print(f"   stream: {fmt_stream(section['stream'])}", flush=True)
+                        # The targets' added time to first token: an upstream that answers at once.
+                        section["stream_0ms"] = streaming(
+                            direct, gateway, deltas=16, delay_ms=0, rounds=args.stream_rounds * 3
+                        )
+                        print(f"   stream, 0 ms upstream: {fmt_stream(section['stream_0ms'])}", flush=True)
                         if triton is not None:
                             section["triton_stream"] = triton_streaming(triton.url, gateway, rounds=args.stream_rounds)
                             print(f"   triton stream: {fmt_triton_stream(section['triton_stream'])}", flush=True)
@@ -1006,12 +1180,14 @@ def _bench_servers(
                             flush=True,
                         )
                     report.sections.append(section)
-        if not args.no_peers and not report.peers and not any(s["profile"] == "peer" for s in report.sections):
+        if args.peers and not report.peers and not any(s["profile"] == "peer" for s in report.sections):
             bench_peers(args, report, env, direct, up_port)  # once per run, on the first profile's upstream
 
 
 PORTKEY_VERSION = "1.15.2"
 PORTKEY_DIR = Path(os.environ.get("BENCH_PORTKEY_DIR", str(Path.home() / ".cache" / "speedinfer" / "portkey")))
+LITELLM_VERSION = "1.108.14"
+LITELLM_DIR = Path(os.environ.get("BENCH_LITELLM_DIR", str(Path.home() / ".cache" / "speedinfer" / "litellm")))
 
 
 def portkey_script() -> Path | str:
@@ -1053,46 +1229,103 @@ def stream_check(target: Target) -> str:
     return "ok" if result["chunks"] > 0 else "FAILS: no content deltas"
 
 
-def bench_peers(args: argparse.Namespace, report: Report, env: dict[str, str], direct: Target, up_port: int) -> None:
-    """Portkey's open-source gateway on the same upstream: a pure pass-through (no keys, limits or ledger)."""
+def litellm_python() -> Path | str:
+    """LiteLLM's proxy (PyPI `litellm[proxy]`, installed once into a venv of its own under LITELLM_DIR:
+    its pins must not touch SpeedInfer's), or why it is skipped."""
+    python = LITELLM_DIR / "bin" / "python"
+    marker = LITELLM_DIR / f".installed-{LITELLM_VERSION}"
+    if marker.exists():
+        return python
+    print(f"   installing litellm[proxy]=={LITELLM_VERSION} into {LITELLM_DIR}", flush=True)
+    try:
+        if not python.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(LITELLM_DIR)], check=True, capture_output=True)  # noqa: S603
+        done = subprocess.run(  # noqa: S603
+            [str(python), "-m", "pip", "install", "-q", f"litellm[proxy]=={LITELLM_VERSION}"],
+            capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+    except (subprocess.TimeoutExpired, subprocess.CalledProcessError) as exc:
+        return f"installing litellm failed: {type(exc).__name__}"
+    if done.returncode != 0:
+        return f"pip install failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+    marker.touch()
+    return python
+
+
+def _litellm_peer(env: dict[str, str], up_port: int) -> tuple[list[str], dict[str, str], str] | str:
+    python = litellm_python()
+    if isinstance(python, str):
+        return python
+    config = LITELLM_DIR / "bench-config.yaml"
+    # Bare: no database, no master key, no callbacks; one model routed to the bench's upstream.
+    config.write_text(
+        "model_list:\n"
+        f"  - model_name: {MODEL}\n"
+        "    litellm_params:\n"
+        f"      model: openai/{MODEL}\n"
+        f"      api_base: http://127.0.0.1:{up_port}/v1\n"
+        "      api_key: sk-bench-unused\n"
+        "litellm_settings:\n"
+        "  telemetry: false\n"
+    )
+    version = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip()  # fmt: skip
+    cmd = [str(LITELLM_DIR / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1", "--port", "{port}"]
+    peer_env = {**env, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "DISABLE_SCHEMA_UPDATE": "True"}
+    peer_env.pop("DATABASE_URL", None)
+    return cmd, peer_env, f"litellm {version}"
+
+
+def _portkey_peer(env: dict[str, str], up_port: int) -> tuple[list[str], dict[str, str], str] | str:
     script = portkey_script()
     if isinstance(script, str):
-        print(f"== peer portkey: skipped ({script})", flush=True)
-        report.peers.append({"name": "portkey", "skipped": script})
-        return
+        return script
     node = subprocess.run(["node", "--version"], capture_output=True, text=True, check=False).stdout.strip()
-    port = free_port()
-    peer = start(
-        "portkey", ["node", str(script), f"--port={port}", "--headless"], env, port=port, cpus=args.gateway_cpus
-    )
-    with running([peer]):
-        target = Target(
-            "gateway",
-            port,
-            "/v1/chat/completions",
-            key="sk-bench-unused",  # the upstream ignores it; Portkey's openai provider forwards it
-            extra={"x-portkey-provider": "openai", "x-portkey-custom-host": f"http://127.0.0.1:{up_port}/v1"},
-        )
-        label = f"portkey {PORTKEY_VERSION} (node {node})"
-        print(f"== peer {label}", flush=True)
-        section: dict[str, Any] = {"profile": "peer", "server": f"portkey {PORTKEY_VERSION}", "workers": 1}
-        for latency in args.latencies:
-            directive = f"[sim latency={latency}]" if latency else ""
-            section[f"c1_{latency}ms"] = latency_c1(
-                direct, target, body(directive=directive), rounds=args.rounds, per_round=args.per_round
-            )
-            print(f"   c1 upstream {latency} ms: {fmt_c1(section[f'c1_{latency}ms'])}", flush=True)
-        cpu_before = peer.cpu_s()
-        section["c32_0ms"] = throughput(direct, target, body(), seconds=args.wrk_seconds, rounds=args.wrk_rounds)
-        served = sum(r["requests"] for r in section["c32_0ms"]["runs"]["gateway"])
-        section["c32_0ms"]["cpu_ms_per_request"] = (peer.cpu_s() - cpu_before) * 1000 / max(1, served)
-        print(f"   c32: {fmt_tp(section['c32_0ms'])}", flush=True)
-        checked = stream_check(target)
-        section["stream_check"] = f"{checked} on Node.js {node}"
-        if checked != "ok":
-            section["stream_check"] += " (Portkey's streaming fails on Node.js 20: no streaming figures)"
-        print(f"   stream: {section['stream_check']}", flush=True)
-        report.sections.append(section)
+    return ["node", str(script), "--port={port}", "--headless"], env, f"portkey {PORTKEY_VERSION} (node {node})"
+
+
+def bench_peers(args: argparse.Namespace, report: Report, env: dict[str, str], direct: Target, up_port: int) -> None:
+    """The peers on the same upstream, in the same run: Portkey's open-source gateway (a pure
+    pass-through: no keys, limits or ledger) and LiteLLM's proxy (bare: no database or master key)."""
+    portkey_headers = {"x-portkey-provider": "openai", "x-portkey-custom-host": f"http://127.0.0.1:{up_port}/v1"}
+    for name, make, extra in (
+        ("portkey", _portkey_peer, portkey_headers),
+        ("litellm", _litellm_peer, {}),
+    ):
+        if name not in args.peers:
+            continue
+        made = make(env, up_port)
+        if isinstance(made, str):
+            print(f"== peer {name}: skipped ({made})", flush=True)
+            report.peers.append({"name": name, "skipped": made})
+            continue
+        cmd, peer_env, label = made
+        port = free_port()
+        peer = start(name, [part.format(port=port) for part in cmd], peer_env, port=port, cpus=args.gateway_cpus)
+        with running([peer]):
+            # The upstream ignores the key; both peers forward it to their openai provider.
+            target = Target("gateway", port, "/v1/chat/completions", key="sk-bench-unused", extra=extra)
+            print(f"== peer {label}", flush=True)
+            section: dict[str, Any] = {"profile": "peer", "server": label.split(" (")[0], "workers": 1}
+            for latency in args.latencies:
+                directive = f"[sim latency={latency}]" if latency else ""
+                section[f"c1_{latency}ms"] = latency_c1(
+                    direct, target, body(directive=directive), rounds=args.rounds, per_round=args.per_round
+                )
+                print(f"   c1 upstream {latency} ms: {fmt_c1(section[f'c1_{latency}ms'])}", flush=True)
+            cpu_before = peer.cpu_s()
+            section["c32_0ms"] = throughput(direct, target, body(), seconds=args.wrk_seconds, rounds=args.wrk_rounds)
+            served = sum(r["requests"] for r in section["c32_0ms"]["runs"]["gateway"])
+            section["c32_0ms"]["cpu_ms_per_request"] = (peer.cpu_s() - cpu_before) * 1000 / max(1, served)
+            print(f"   c32: {fmt_tp(section['c32_0ms'])}", flush=True)
+            checked = stream_check(target)
+            section["stream_check"] = checked
+            if checked != "ok" and name == "portkey":
+                section["stream_check"] += f" on {label}: Portkey's streaming fails on Node.js 20, no streaming figures"
+            print(f"   stream: {section['stream_check']}", flush=True)
+            report.sections.append(section)
 
 
 def start_triton() -> Any:
@@ -1177,11 +1410,19 @@ def table(report: Report) -> str:
         lines += ["", f"Peer {p['name']}: skipped ({p['skipped']})"]
     for t in report.tracing:
         lines += ["", f"Tracing ({t['profile']}, serve x1, OTLP/HTTP to a local receiver): {fmt_tracing(t)}"]
+    for s in report.sections:
+        if "c32_accounts" in s:
+            lines += ["", f"c32 over {s['c32_accounts']['accounts']} accounts ({s['profile']}, {s['server']} "
+                      f"x{s['workers']}): {fmt_tp(s['c32_accounts'])}"]  # fmt: skip
+    for k in report.soaks:
+        lines += ["", f"Soak with restarts ({k['profile']}, serve x1): {fmt_soak(k)}"]
     for h in report.held:
         lines += ["", f"Held ({h['profile']}, serve x1): {fmt_held(h)}"]
     for s in report.sections:
         if "stream" in s:
             lines += ["", f"Streaming ({s['profile']}, {s['server']}): {fmt_stream(s['stream'])}"]
+        if "stream_0ms" in s:
+            lines.append(f"Streaming, 0 ms upstream ({s['profile']}, {s['server']}): {fmt_stream(s['stream_0ms'])}")
         if "triton_stream" in s:
             lines.append(f"Triton streaming ({s['profile']}, {s['server']}): {fmt_triton_stream(s['triton_stream'])}")
         if "soak" in s:
@@ -1199,7 +1440,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--servers", default="serve", help="comma-separated: serve (manage.py serve), uvicorn, granian, daphne"
     )
-    parser.add_argument("--no-peers", action="store_true", help="skip Portkey's gateway (the pass-through peer)")
+    parser.add_argument("--no-peers", action="store_true", help="skip the peers (Portkey's gateway, LiteLLM's proxy)")
+    parser.add_argument(
+        "--peers", default="portkey,litellm", help="comma-separated peers to run beside SpeedInfer: portkey, litellm"
+    )
+    parser.add_argument(
+        "--accounts",
+        type=int,
+        default=16,
+        help="a second c32 row spread over this many accounts (one account serialises its reserve and settle)",
+    )
     parser.add_argument("--workers", default="1", help="comma-separated gateway process counts, e.g. 1,2")
     parser.add_argument("--latencies", default="0,20", help="upstream latencies in ms for the c1 runs")
     parser.add_argument("--rounds", type=int, default=10)
@@ -1208,6 +1458,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wrk-rounds", type=int, default=2)
     parser.add_argument("--stream-rounds", type=int, default=10)
     parser.add_argument("--soak", type=int, default=30, help="seconds of sustained c32 load for the memory check")
+    parser.add_argument(
+        "--restart-every",
+        type=float,
+        default=0,
+        help="only the soak: --soak seconds of c32 on one gateway while a second is restarted every this many seconds",
+    )
     parser.add_argument("--gateway-cpus", default=None, help="taskset list for the gateway, e.g. 0")
     parser.add_argument("--upstream-cpus", default=None, help="taskset list for the upstream, e.g. 1")
     parser.add_argument("--quick", action="store_true", help="a short smoke run (for CI)")
@@ -1239,13 +1495,14 @@ def main(argv: list[str] | None = None) -> None:
         print(text)
         return
     args.streams = [int(n) for n in args.streams.split(",") if n.strip()]
+    args.peers = [] if args.no_peers else [p.strip() for p in args.peers.split(",") if p.strip()]
     args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     args.workers = [int(w) for w in args.workers.split(",")]
     args.latencies = [int(x) for x in args.latencies.split(",")]
     if args.quick:
         args.rounds, args.per_round, args.wrk_seconds, args.wrk_rounds = 2, 20, 2, 1
         args.stream_rounds, args.soak, args.routing_seconds = 2, 2, 2
-    only = args.routing or args.tracing or bool(args.streams)
+    only = args.routing or args.tracing or bool(args.streams) or args.restart_every > 0
     if not shutil.which("wrk") and not (args.routing or args.tracing or args.streams):
         sys.exit("wrk is not installed: `make bench` installs it (apt-get install wrk)")
     report = Report(
@@ -1256,6 +1513,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.streams:
         for profile in profiles:
             bench_held(profile, args, report)
+    if args.restart_every > 0:
+        for profile in profiles:
+            bench_soak(profile, args, report)
     if not only:
         for profile in profiles:
             bench_profile(profile, args, report)

@@ -255,8 +255,10 @@ async def reservation_settle_async(
     status: str = UsageRecord.Status.OK,
     cached_tokens: int = 0,
     reasoning_tokens: int = 0,
+    account_id: int | None = None,
 ) -> UsageRecord | None:
-    """reservation_settle for the event loop (the gateway's)."""
+    """reservation_settle for the event loop (the gateway's); `account_id`, the reservation's account
+    when the caller knows it, paces that account's statements (billing.ledger.postgresql)."""
     _check_counts(prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)
     record = await ledger().settle_async(
         reservation_id=reservation_id,
@@ -264,6 +266,7 @@ async def reservation_settle_async(
         completion_tokens=completion_tokens,
         cached_tokens=cached_tokens,
         usage=usage_fields(outcome, status=status) | {"reasoning_tokens": reasoning_tokens},
+        account_id=account_id,
     )
     return _notify(record, committed=True)
 
@@ -290,11 +293,17 @@ def reservation_release(
 
 
 async def reservation_release_async(
-    *, reservation_id: UUID | str, error_code: str = "", outcome: RequestOutcome | None = None
+    *,
+    reservation_id: UUID | str,
+    error_code: str = "",
+    outcome: RequestOutcome | None = None,
+    account_id: int | None = None,
 ) -> UsageRecord | None:
     """reservation_release for the event loop (the gateway's)."""
     usage = _release_usage(error_code, outcome)
-    record = await ledger().release_async(reservation_id=reservation_id, note=error_code, usage=usage)
+    record = await ledger().release_async(
+        reservation_id=reservation_id, note=error_code, usage=usage, account_id=account_id
+    )
     return _notify(record, committed=True)
 
 

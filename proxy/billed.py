@@ -154,6 +154,7 @@ class BilledCall:
                 reasoning_tokens=usage.reasoning_tokens,
                 outcome=outcome,
                 status=status,
+                account_id=self.key.account_id,
             )
             if record is not None:
                 observe_spend(record.model_id, record.cost)
@@ -181,7 +182,12 @@ class BilledCall:
         outcome = self._outcome()
 
         def close() -> Awaitable[object]:
-            return reservation_release_async(reservation_id=self.reservation_id, error_code=error_code, outcome=outcome)
+            return reservation_release_async(
+                reservation_id=self.reservation_id,
+                error_code=error_code,
+                outcome=outcome,
+                account_id=self.key.account_id,
+            )
 
         entry = {"what": "release", "error_code": error_code, "outcome": _outcome_entry(outcome)}
         with self.ex.trace.step("release"):

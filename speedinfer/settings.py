@@ -315,6 +315,9 @@ SPEEDINFER_UPSTREAM_CONNECT_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_CONNECT_TIM
 SPEEDINFER_UPSTREAM_READ_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_READ_TIMEOUT", 120.0, minimum=0.1)
 SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT = env_float("SPEEDINFER_UPSTREAM_TOTAL_TIMEOUT", 600.0, minimum=0.1)
 SPEEDINFER_DB_POOL_SIZE = env_int("SPEEDINFER_DB_POOL_SIZE", 8, minimum=1)
+# Money statements of one account in flight at once per gateway process (PostgreSQL; 0: no limit). The
+# rest wait in the process, in arrival order, instead of on the account's row lock (docs/performance.md).
+SPEEDINFER_DB_ACCOUNT_CONCURRENCY = env_int("SPEEDINFER_DB_ACCOUNT_CONCURRENCY", 2, minimum=0)
 # How often the schedule checks spend alerts and delivers them (manage.py sendalerts does one run).
 SPEEDINFER_ALERTS_INTERVAL = env_float("SPEEDINFER_ALERTS_INTERVAL", 30.0, minimum=1.0)
 # Open upstream calls (a stream holds one for its whole length) per gateway process; past it a call waits

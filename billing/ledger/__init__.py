@@ -88,13 +88,16 @@ class Ledger(Protocol):
         completion_tokens: int,
         usage: dict[str, Any],
         cached_tokens: int = 0,
-    ) -> UsageRecord | None: ...
+        account_id: int | None = None,
+    ) -> UsageRecord | None:
+        """settle on the event loop. `account_id` (the reservation's, when the caller knows it) lets an
+        implementation pace one account's statements (the PostgreSQL one does: its row lock)."""
 
     def release(self, *, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None) -> UsageRecord | None:
         """Return the whole hold; with `usage`, append a zero-cost usage row (a failed request stays visible)."""
 
     async def release_async(
-        self, *, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None
+        self, *, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None, account_id: int | None = None
     ) -> UsageRecord | None: ...
 
     def renew(self, *, reservation_id: UUID | str, lease_until: datetime) -> bool:

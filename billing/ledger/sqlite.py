@@ -541,14 +541,16 @@ class SQLiteLedger:
         completion_tokens: int,
         usage: dict[str, Any],
         cached_tokens: int = 0,
+        account_id: int | None = None,
     ) -> UsageRecord | None:
+        # One writer connection on the loop: statements never queue on a row lock, so no pacing.
         return await run(_settle(reservation_id, prompt_tokens, completion_tokens, usage, cached_tokens))
 
     def release(self, *, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None) -> UsageRecord | None:
         return _on_django(_release(reservation_id, note, usage))[1]
 
     async def release_async(
-        self, *, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None
+        self, *, reservation_id: UUID | str, note: str, usage: dict[str, Any] | None, account_id: int | None = None
     ) -> UsageRecord | None:
         return (await run(_release(reservation_id, note, usage)))[1]
 
