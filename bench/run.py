@@ -1186,7 +1186,7 @@ def _bench_servers(
 
 PORTKEY_VERSION = "1.15.2"
 PORTKEY_DIR = Path(os.environ.get("BENCH_PORTKEY_DIR", str(Path.home() / ".cache" / "speedinfer" / "portkey")))
-LITELLM_VERSION = "1.108.14"
+LITELLM_VERSION = "1.108.0"  # 1.108.1+ pin a litellm-proxy-extras that PyPI does not have
 LITELLM_DIR = Path(os.environ.get("BENCH_LITELLM_DIR", str(Path.home() / ".cache" / "speedinfer" / "litellm")))
 
 

@@ -22,7 +22,7 @@ from runtimes.errors import (
     openai_error_message,
     worker_message,
 )
-from runtimes.http import get_client, worker_timeout, worker_total_timeout
+from runtimes.http import Post, get_client, post_read, worker_timeout, worker_total_timeout
 from runtimes.interface import Answer, Capabilities, WorkerClient, WorkerStream
 from runtimes.request import CHAT, CompletionParams, Usage, usage_from
 from runtimes.responses import usage_of_response
@@ -70,9 +70,7 @@ def rejected(worker: WorkerTarget, status: int, detail: str) -> WorkerError:
     return error
 
 
-def _upstream_request(
-    worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
-) -> httpx.Request:
+def _upstream_request(worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str) -> Post:
     body = dict(params.body)
     body["model"] = worker.upstream_model(params.model)
     if body.get("max_completion_tokens") is not None:
@@ -86,26 +84,20 @@ def _upstream_request(
     if params.traceparent:
         headers["traceparent"] = params.traceparent
     path = "/chat/completions" if params.endpoint == CHAT else "/completions"
-    return get_client().build_request(
-        "POST",
-        worker.endpoint + path,
-        content=orjson.dumps(body),
-        headers=headers,
-        timeout=worker_timeout(worker.runtime_config),
-    )
+    return Post(worker.endpoint + path, orjson.dumps(body), headers, worker_timeout(worker.runtime_config))
 
 
-async def send_for_json(worker: WorkerTarget, request: httpx.Request) -> dict[str, Any]:
+async def send_for_json(worker: WorkerTarget, post: Post) -> dict[str, Any]:
     """Send a non-streaming request within the worker's total timeout; its JSON object answer, or a WorkerError."""
     with http_failures():
         async with asyncio.timeout(worker_total_timeout(worker.runtime_config)):
-            response = await get_client().send(request)
-    if response.status_code != 200:
-        raise rejected(worker, response.status_code, response.text)
+            status, content = await post_read(post)
+    if status != 200:
+        raise rejected(worker, status, content.decode(errors="replace"))
     try:
-        data = orjson.loads(response.content)
+        data = orjson.loads(content)
     except orjson.JSONDecodeError:
-        raise UpstreamError("the worker's answer is not JSON", detail=response.text[:500]) from None
+        raise UpstreamError("the worker's answer is not JSON", detail=content[:500].decode(errors="replace")) from None
     if not isinstance(data, dict):
         raise UpstreamError("the worker's answer is not a JSON object")
     return data
@@ -124,10 +116,10 @@ async def openai_complete(
     return data, usage
 
 
-async def _open_stream(worker: WorkerTarget, request: httpx.Request) -> httpx.Response:
+async def _open_stream(worker: WorkerTarget, post: Post) -> httpx.Response:
     """Send a streaming request; the open response, or the worker's refusal as a WorkerError."""
     with http_failures():
-        response = await get_client().send(request, stream=True)
+        response = await get_client().send(post.request(), stream=True)
     if response.status_code != 200:
         try:
             detail = (await response.aread()).decode(errors="replace")
@@ -155,14 +147,8 @@ async def openai_embed(
     headers = {"content-type": "application/json", "x-request-id": request_id, **auth_headers(worker)}
     if params.traceparent:
         headers["traceparent"] = params.traceparent
-    request = get_client().build_request(
-        "POST",
-        worker.endpoint + "/embeddings",
-        content=orjson.dumps(body),
-        headers=headers,
-        timeout=worker_timeout(worker.runtime_config),
-    )
-    data = await send_for_json(worker, request)
+    post = Post(worker.endpoint + "/embeddings", orjson.dumps(body), headers, worker_timeout(worker.runtime_config))
+    data = await send_for_json(worker, post)
     usage = data.get("usage")
     prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     if type(prompt_tokens) is not int or prompt_tokens < 0:
@@ -171,20 +157,12 @@ async def openai_embed(
     return data, Usage(prompt_tokens, 0)
 
 
-def _post(worker: WorkerTarget, path: str, body: dict[str, Any], request_id: str) -> httpx.Request:
+def _post(worker: WorkerTarget, path: str, body: dict[str, Any], request_id: str) -> Post:
     headers = {"content-type": "application/json", "x-request-id": request_id, **auth_headers(worker)}
-    return get_client().build_request(
-        "POST",
-        worker.endpoint + path,
-        content=orjson.dumps(body),
-        headers=headers,
-        timeout=worker_timeout(worker.runtime_config),
-    )
+    return Post(worker.endpoint + path, orjson.dumps(body), headers, worker_timeout(worker.runtime_config))
 
 
-def _responses_request(
-    worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str
-) -> httpx.Request:
+def _responses_request(worker: WorkerTarget, params: CompletionParams, max_tokens: int, request_id: str) -> Post:
     """POST {endpoint}/responses, the client's body but for the worker's model id, the bound's token limit
     and `store: false` (the Responses API's default is to store; this service keeps no state)."""
     body = {**params.body, "model": worker.upstream_model(params.model), "max_output_tokens": max_tokens}
