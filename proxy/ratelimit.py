@@ -9,7 +9,10 @@ A request costs one request and its token bound (prompt bound + max_tokens).
 It is admitted when the bucket holds that much; a request larger than the
 whole allowance is admitted once the bucket is full and leaves it in debt.
 After the answer the unused part of the token bound is given back, so the
-tokens limit ends up counting the worker's actual usage.
+tokens limit ends up counting the worker's actual usage. With Redis the give-back
+rides on the key's next admit (one round trip a request instead of two), or goes
+on its own within REFUND_FLUSH_S when no request of that key comes first; until it
+lands the bucket counts more than was used, never less.
 
 With REDIS_URL, one Lua script per check reads and updates both buckets
 atomically on the Redis clock, so the limit holds across every gateway
@@ -45,7 +48,7 @@ _WINDOW_MS = 60_000
 _ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local rpm, tpm, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local rpm, tpm, cost, back = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4] or '0')
 local function level(key, cap)
   local v = redis.call('HMGET', key, 'l', 't')
   local l, ts = tonumber(v[1]), tonumber(v[2])
@@ -63,10 +66,15 @@ if rpm > 0 then
 end
 if tpm > 0 then
   tl = level(KEYS[2], tpm)
+  -- The unused bound of the key's earlier requests, given back before this one is judged.
+  if back > 0 and redis.call('EXISTS', KEYS[2]) == 1 then tl = math.min(tpm, tl + back) end
   local need = math.min(cost, tpm)
   if tl < need then wait = math.max(wait, math.ceil((need - tl) * 60000 / tpm)) end
 end
-if wait > 0 then return {0, wait, math.floor(rl), math.floor(tl)} end
+if wait > 0 then
+  if back > 0 and tpm > 0 and redis.call('EXISTS', KEYS[2]) == 1 then store(KEYS[2], tl, tpm) end
+  return {0, wait, math.floor(rl), math.floor(tl)}
+end
 if rpm > 0 then rl = rl - 1; store(KEYS[1], rl, rpm) end
 if tpm > 0 then tl = tl - cost; store(KEYS[2], tl, tpm) end
 return {1, 0, math.floor(rl), math.floor(tl)}
@@ -266,16 +274,22 @@ _outage = False  # logged once per outage, not once per request
 
 
 async def rate_limit_admit(*, key: KeyInfo, tokens: int) -> Decision:
-    """Charge one request and `tokens` to the key's buckets, or say how long to wait."""
+    """Charge one request and `tokens` to the key's buckets, or say how long to wait; the key's refunds
+    not yet sent go with it."""
     if not key.rpm and not key.tpm:
         return UNLIMITED
     if not get_rate_limit_config().redis_url:
         return _local.admit(key, tokens)
     admit, _ = _redis_scripts()
+    names = _bucket_names(key)
+    pending = _pending.get()
+    back = pending.pop(names[1], 0) if pending else 0
     try:
-        allowed, wait, rl, tl = await admit(keys=list(_bucket_names(key)), args=[key.rpm or 0, key.tpm or 0, tokens])  # type: ignore[operator]
+        allowed, wait, rl, tl = await admit(keys=list(names), args=[key.rpm or 0, key.tpm or 0, tokens, back])  # type: ignore[operator]
     except _REDIS_ERRORS as exc:
         _redis_down(exc)
+        if back:
+            _local.refund(key, back)
         return _local.admit(key, tokens)
     _redis_up()
     return Decision(bool(allowed), int(wait), int(rl), int(tl))
@@ -297,14 +311,42 @@ async def rate_limit_refund(*, key: KeyInfo, tokens: int) -> None:
 
 
 _refunds: set[asyncio.Task[None]] = set()  # strong refs until done (the loop keeps only weak ones)
+REFUND_FLUSH_S = 0.05
+# Per loop: tokens to give back per tpm bucket name, not yet sent (the key's next admit takes them).
+_pending: state.LoopLocal[dict[str, int]] = state.LoopLocal("proxy.ratelimit.pending")
+# Per loop: the keys behind the pending bucket names (their caps), and whether a flush is scheduled.
+_pending_keys: state.LoopLocal[dict[str, KeyInfo]] = state.LoopLocal("proxy.ratelimit.pending_keys")
 
 
 def rate_limit_refund_soon(*, key: KeyInfo, tokens: int) -> None:
-    """rate_limit_refund off the response path: the answer has gone out, and its request's handler (and
-    the next request on its connection) need not wait for the refund's Redis round trip. The limit
-    stays exact: until the refund lands the bucket only counts more than was used, never less."""
+    """rate_limit_refund off the response path: the answer has gone out, and neither its handler nor the
+    next request on its connection waits for a Redis round trip. With Redis the tokens ride on the key's
+    next admit, or are sent within REFUND_FLUSH_S when none comes first. The limit stays exact across
+    processes: until the refund lands the bucket only counts more than was used, never less."""
     if not key.tpm or tokens <= 0:
         return
-    task = asyncio.get_running_loop().create_task(rate_limit_refund(key=key, tokens=tokens))
-    _refunds.add(task)
-    task.add_done_callback(_refunds.discard)
+    if not get_rate_limit_config().redis_url:
+        _local.refund(key, tokens)  # this process's buckets: no round trip to save
+        return
+    pending = _pending.get() or _pending.set({})
+    keys = _pending_keys.get() or _pending_keys.set({})
+    name = _bucket_names(key)[1]
+    first = not pending
+    pending[name] = pending.get(name, 0) + tokens
+    keys[name] = key
+    if first:
+        asyncio.get_running_loop().call_later(REFUND_FLUSH_S, _flush_refunds)
+
+
+def _flush_refunds() -> None:
+    """Send the refunds no admit took since they were queued (one round trip each, concurrently)."""
+    pending, keys = _pending.get(), _pending_keys.get()
+    if not pending or keys is None:
+        return
+    due = [(keys[name], tokens) for name, tokens in pending.items() if name in keys]
+    pending.clear()
+    keys.clear()
+    for key, tokens in due:
+        task = asyncio.get_running_loop().create_task(rate_limit_refund(key=key, tokens=tokens))
+        _refunds.add(task)
+        task.add_done_callback(_refunds.discard)

@@ -87,7 +87,7 @@ def test_a_key_without_limits_is_never_limited_and_gets_no_rate_limit_headers(wo
         assert not [h for h in raw.headers if h.startswith("x-ratelimit-") or h.startswith("retry-after")]
 
 
-def _key(world: dict[str, Any], *, rpm: int) -> KeyInfo:
+def _key(world: dict[str, Any], *, rpm: int | None = None, tpm: int | None = None) -> KeyInfo:
     return KeyInfo(
         id=1,
         account_id=1,
@@ -98,7 +98,7 @@ def _key(world: dict[str, Any], *, rpm: int) -> KeyInfo:
         scopes=frozenset(),
         allowed_models=frozenset(),
         rpm=rpm,
-        tpm=None,
+        tpm=tpm,
         expires_at=None,
         revoked=False,
     )
@@ -177,3 +177,32 @@ def test_a_burst_past_the_redis_pool_is_still_limited_exactly_in_redis(world, ca
     admitted = asyncio.run(burst())
     assert admitted.count(True) == 250
     assert "Redis is unreachable" not in caplog.text
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="REDIS_URL is not set")
+def test_the_unused_bound_rides_on_the_next_admit_or_lands_on_its_own_soon(world):
+    """A request's unused token bound goes back with the key's next admit (no round trip of its own), and
+    when no request follows it is sent within REFUND_FLUSH_S; either way the bucket ends up counting only
+    what was used."""
+    import redis
+
+    from proxy import ratelimit
+
+    key = _key(world, tpm=1000)
+    bucket = redis.Redis.from_url(settings.REDIS_URL)
+    tokens_left = lambda: float(bucket.hget(ratelimit._bucket_names(key)[1], "l") or 0)  # noqa: E731
+
+    async def run() -> tuple[float, float, float]:
+        assert (await rate_limit_admit(key=key, tokens=400)).allowed
+        ratelimit.rate_limit_refund_soon(key=key, tokens=390)  # used 10 of its 400
+        queued = tokens_left()  # nothing sent yet: the bucket still holds the whole bound
+        assert (await rate_limit_admit(key=key, tokens=400)).allowed  # carries the 390 back
+        folded = tokens_left()
+        ratelimit.rate_limit_refund_soon(key=key, tokens=395)
+        await asyncio.sleep(ratelimit.REFUND_FLUSH_S + 0.2)  # no admit follows: flushed on its own
+        return queued, folded, tokens_left()
+
+    queued, folded, flushed = asyncio.run(run())
+    assert 599 <= queued <= 601  # 1000 - 400 (plus a refill of a fraction of a token)
+    assert 589 <= folded <= 592  # 1000 - 400 + 390 - 400
+    assert 984 <= flushed <= 987  # 1000 - 10 - 5
