@@ -10,7 +10,9 @@ import psycopg
 import pytest
 from django.db import connection
 
+from billing.models import UsageRecord
 from billing.services import credits_reserve_async, reservation_settle_async
+from catalog.models import PublicModel
 from core import pgpool, state
 from tests.factories import make_account, make_model, money
 
@@ -19,11 +21,11 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 REQUESTS = 24
 
 
-def _busiest(account_id: int, model: object) -> tuple[int, list[object]]:
+def _busiest(account_id: int, model: PublicModel) -> tuple[int, list[UsageRecord | None]]:
     """REQUESTS reservations and their settles at once for one account, through the gateway's pool; the
     most gateway statements PostgreSQL was running (or holding on a lock) at any one sample."""
 
-    async def main() -> tuple[int, list[object]]:
+    async def main() -> tuple[int, list[UsageRecord | None]]:
         busiest = 0
         done, ready = asyncio.Event(), asyncio.Event()
         pool = await pgpool.get_pool()
@@ -48,7 +50,7 @@ def _busiest(account_id: int, model: object) -> tuple[int, list[object]]:
         await ready.wait()
         held = await asyncio.gather(
             *(
-                credits_reserve_async(account_id=account_id, amount=1000, model=model, request_id=f"r{i}")  # type: ignore[arg-type]
+                credits_reserve_async(account_id=account_id, amount=1000, model=model, request_id=f"r{i}")
                 for i in range(REQUESTS)
             )
         )
