@@ -1273,7 +1273,14 @@ def _litellm_peer(env: dict[str, str], up_port: int) -> tuple[list[str], dict[st
         capture_output=True, text=True, check=False,
     ).stdout.strip()  # fmt: skip
     cmd = [str(LITELLM_DIR / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1", "--port", "{port}"]
-    peer_env = {**env, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "DISABLE_SCHEMA_UPDATE": "True"}
+    # Bare, on loopback only: LiteLLM 1.108 refuses to start without a master key unless told this is local.
+    peer_env = {
+        **env,
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_TELEMETRY": "False",
+        "DISABLE_SCHEMA_UPDATE": "True",
+        "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
+    }
     peer_env.pop("DATABASE_URL", None)
     return cmd, peer_env, f"litellm {version}"
 
@@ -1303,7 +1310,13 @@ def bench_peers(args: argparse.Namespace, report: Report, env: dict[str, str], d
             continue
         cmd, peer_env, label = made
         port = free_port()
-        peer = start(name, [part.format(port=port) for part in cmd], peer_env, port=port, cpus=args.gateway_cpus)
+        try:
+            peer = start(name, [part.format(port=port) for part in cmd], peer_env, port=port, cpus=args.gateway_cpus)
+        except RuntimeError as exc:  # a peer that does not start is reported, not a failed bench
+            why = f"did not start: {str(exc).strip().splitlines()[-1][:200]}"
+            print(f"== peer {name}: skipped ({why})", flush=True)
+            report.peers.append({"name": name, "skipped": why})
+            continue
         with running([peer]):
             # The upstream ignores the key; both peers forward it to their openai provider.
             target = Target("gateway", port, "/v1/chat/completions", key="sk-bench-unused", extra=extra)
