@@ -136,3 +136,36 @@ def test_a_settle_after_the_sweeper_expired_the_hold_still_charges_and_a_lease_k
     assert record is not None and record.cost == 250  # content is never free
     account = reconciled(account)
     assert (account.available, account.reserved) == (MICRO - 250 - 300, 300)
+
+
+def test_one_turns_reservations_commit_together_and_a_refused_one_holds_nothing():
+    """Concurrent requests of one event-loop turn share one commit (group commit), each in its own
+    savepoint: a reservation refused among them changes nothing, the others all hold."""
+    from billing.ledger import sqlite as engine
+
+    account = make_account(credits=10)
+    model = make_model(input_price=1 * MICRO, output_price=2 * MICRO)
+    commits = []
+    real_commit = engine._commit
+
+    def counting(turn):
+        commits.append(turn.works)
+        real_commit(turn)
+
+    async def scenario():
+        engine._commit = counting
+        try:
+            amounts = [2 * MICRO] * 4 + [50 * MICRO] + [2 * MICRO]  # the fifth does not fit
+            return await asyncio.gather(
+                *(credits_reserve_async(account_id=account.pk, amount=a, model=model) for a in amounts),
+                return_exceptions=True,
+            )
+        finally:
+            engine._commit = real_commit
+
+    results = asyncio.run(scenario())
+    assert [isinstance(r, InsufficientCredits) for r in results] == [False] * 4 + [True, False]
+    assert sum(commits) == 6 and len(commits) < 6  # six works, fewer commits
+    account = reconciled(account)
+    assert (account.available, account.reserved) == (0, 10 * MICRO)
+    assert Reservation.objects.filter(account=account, status=Reservation.Status.HELD).count() == 5
