@@ -1,8 +1,9 @@
 """The SQLite ledger: reserve, settle, release, renew and expire as a handful of plain statements in
-one write transaction each (SQLite takes one writer at a time). See billing.ledger for the interface.
+one write transaction (SQLite takes one writer at a time). See billing.ledger for the interface.
 
 The async methods are the gateway's: they run on the event loop, on one connection the process owns,
-in `BEGIN IMMEDIATE`. The ORM on a thread cost ~10 ms a request (every statement released and
+in `BEGIN IMMEDIATE`, each in its own savepoint of the loop turn's transaction (`run`: the works of one
+turn commit together). The ORM on a thread cost ~10 ms a request (every statement released and
 re-took the GIL against a busy loop, and the ORM's own work was most of the cost; README
 Performance); here the loop is blocked for the few hundred microseconds a transaction takes.
 Another process (the schedule's sweeper, a management command) may hold the write lock for a
