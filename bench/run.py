@@ -76,18 +76,20 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
 
-    def rss_kib(self) -> int:
-        """Resident size of the process and its children (uvicorn/granian workers)."""
-        total = 0
+    def pids(self) -> list[int]:
+        """The process and its children (uvicorn/granian workers)."""
         pids = [self.popen.pid]
-        try:
+        with contextlib.suppress(FileNotFoundError):
             children = subprocess.run(
                 ["pgrep", "-P", str(self.popen.pid)], capture_output=True, text=True, check=False
             ).stdout.split()
             pids += [int(c) for c in children]
-        except FileNotFoundError:
-            pass
-        for pid in pids:
+        return pids
+
+    def rss_kib(self) -> int:
+        """Resident size of the process and its children."""
+        total = 0
+        for pid in self.pids():
             try:
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
@@ -99,17 +101,22 @@ class Proc:
     def cpu_s(self) -> float:
         """CPU seconds (user + system) the process and its children have used: a per-request cost that a
         busy machine distorts far less than wall-clock latency."""
-        pids = [self.popen.pid]
-        children = subprocess.run(["pgrep", "-P", str(self.popen.pid)], capture_output=True, text=True, check=False)
-        pids += [int(c) for c in children.stdout.split()]
         ticks = 0
-        for pid in pids:
+        for pid in self.pids():
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except FileNotFoundError:
                 continue
             ticks += int(fields[11]) + int(fields[12])  # utime, stime
         return ticks / os.sysconf("SC_CLK_TCK")
+
+    def open_files(self) -> int:
+        """Open file descriptors of the process and its children."""
+        total = 0
+        for pid in self.pids():
+            with contextlib.suppress(FileNotFoundError):
+                total += len(os.listdir(f"/proc/{pid}/fd"))
+        return total
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -870,14 +877,7 @@ def bench_tracing(profile: str, args: argparse.Namespace, report: Report) -> Non
     env = profile_env(profile, var_dir)
     env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
     reset_stores(profile)
-    up_port = free_port()
-    upstream = start(
-        "upstream",
-        [PY, "-m", "devtools.simulator", "--port", str(up_port), "--model", MODEL, "--deltas", "16"],
-        env,
-        port=up_port,
-        cpus=args.upstream_cpus,
-    )
+    upstream, up_port = start_upstream(env, cpus=args.upstream_cpus)
     sink = OTLPSink()
     with running([upstream]):
         key = seed(env, f"http://127.0.0.1:{up_port}/v1")
@@ -939,6 +939,13 @@ def fmt_tracing(row: dict[str, Any]) -> str:
     return text + (f", ERRORS {row['errors']}" if row["errors"] else "")
 
 
+def start_upstream(env: dict[str, str], *, cpus: str | None = None) -> tuple[Proc, int]:
+    """The bundled simulator as the one upstream (OpenAI transport, 16 deltas), and its port."""
+    port = free_port()
+    cmd = [PY, "-m", "devtools.simulator", "--port", str(port), "--model", MODEL, "--deltas", "16"]
+    return start("upstream", cmd, env, port=port, cpus=cpus), port
+
+
 @contextmanager
 def running(procs: list[Proc]) -> Iterator[None]:
     try:
@@ -946,18 +953,6 @@ def running(procs: list[Proc]) -> Iterator[None]:
     finally:
         for proc in reversed(procs):
             proc.stop()
-
-
-def _fds(proc: Proc) -> int:
-    """Open file descriptors of the process and its children."""
-    pids = [proc.popen.pid]
-    children = subprocess.run(["pgrep", "-P", str(proc.popen.pid)], capture_output=True, text=True, check=False)
-    pids += [int(c) for c in children.stdout.split()]
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(FileNotFoundError):
-            total += len(os.listdir(f"/proc/{pid}/fd"))
-    return total
 
 
 def _stores_sample(profile: str) -> dict[str, int]:
@@ -1010,13 +1005,7 @@ def bench_soak(profile: str, args: argparse.Namespace, report: Report) -> None:
     var_dir = Path(tempfile.mkdtemp(prefix=f"speedinfer-soak-{profile}-"))
     env = profile_env(profile, var_dir)
     reset_stores(profile)
-    up_port = free_port()
-    upstream = start(
-        "upstream",
-        [PY, "-m", "devtools.simulator", "--port", str(up_port), "--model", MODEL, "--deltas", "16"],
-        env,
-        port=up_port,
-    )
+    upstream, up_port = start_upstream(env)
     with running([upstream]):
         key = seed(env, f"http://127.0.0.1:{up_port}/v1")
         port = free_port()
@@ -1040,7 +1029,7 @@ def bench_soak(profile: str, args: argparse.Namespace, report: Report) -> None:
             restarter.start()
             while load.poll() is None:
                 sample = {"t_s": round(time.monotonic() - started), "rss_mib": steady.rss_kib() / 1024,
-                          "open_files": _fds(steady), **_stores_sample(profile)}  # fmt: skip
+                          "open_files": steady.open_files(), **_stores_sample(profile)}  # fmt: skip
                 samples.append(sample)
                 print(f"   {sample}", flush=True)
                 for _ in range(100):
@@ -1052,7 +1041,7 @@ def bench_soak(profile: str, args: argparse.Namespace, report: Report) -> None:
             result = json.loads(load.communicate()[0].strip().splitlines()[-1])
             time.sleep(1)  # the last restarted process's withdrawal
             samples.append({"t_s": round(time.monotonic() - started), "rss_mib": steady.rss_kib() / 1024,
-                            "open_files": _fds(steady), **_stores_sample(profile)})  # fmt: skip
+                            "open_files": steady.open_files(), **_stores_sample(profile)})  # fmt: skip
     row = {"profile": profile, "seconds": args.soak, "requests": result["requests"], "errors": result["errors"],
            "rps": result["rps"], "restart_every_s": args.restart_every, **tally, "samples": samples}  # fmt: skip
     report.soaks.append(row)
@@ -1078,19 +1067,33 @@ def fmt_soak(row: dict[str, Any]) -> str:
     )
 
 
+def c1_rows(direct: Target, target: Target, args: argparse.Namespace) -> dict[str, Any]:
+    """One request at a time against `target` and the direct path, at each upstream latency."""
+    rows: dict[str, Any] = {}
+    for latency in args.latencies:
+        directive = f"[sim latency={latency}]" if latency else ""
+        rows[f"c1_{latency}ms"] = latency_c1(
+            direct, target, body(directive=directive), rounds=args.rounds, per_round=args.per_round
+        )
+        print(f"   c1 upstream {latency} ms: {fmt_c1(rows[f'c1_{latency}ms'])}", flush=True)
+    return rows
+
+
+def c32_row(proc: Proc, direct: Target, target: Target, args: argparse.Namespace) -> dict[str, Any]:
+    """wrk at c32 against `target` (served by `proc`) and the direct path, with proc's CPU per request."""
+    cpu_before = proc.cpu_s()
+    row = throughput(direct, target, body(), seconds=args.wrk_seconds, rounds=args.wrk_rounds)
+    served = sum(r["requests"] for r in row["runs"]["gateway"])
+    row["cpu_ms_per_request"] = (proc.cpu_s() - cpu_before) * 1000 / max(1, served)
+    return row
+
+
 def bench_profile(profile: str, args: argparse.Namespace, report: Report) -> None:
     var_dir = Path(tempfile.mkdtemp(prefix=f"speedinfer-bench-{profile}-"))
     env = profile_env(profile, var_dir)
     reset_stores(profile)
     triton = start_triton()
-    up_port = free_port()
-    upstream = start(
-        "upstream",
-        [PY, "-m", "devtools.simulator", "--port", str(up_port), "--model", MODEL, "--deltas", "16"],
-        env,
-        port=up_port,
-        cpus=args.upstream_cpus,
-    )
+    upstream, up_port = start_upstream(env, cpus=args.upstream_cpus)
     try:
         _bench_servers(profile, args, report, env, up_port, upstream, triton)
     finally:
@@ -1126,30 +1129,12 @@ def _bench_servers(
                     label = f"{profile} / {server} x{workers}"
                     print(f"== {label}", flush=True)
                     section: dict[str, Any] = {"profile": profile, "server": server, "workers": workers}
-                    for latency in args.latencies:
-                        directive = f"[sim latency={latency}]" if latency else ""
-                        section[f"c1_{latency}ms"] = latency_c1(
-                            direct, gateway, body(directive=directive), rounds=args.rounds, per_round=args.per_round
-                        )
-                        print(f"   c1 upstream {latency} ms: {fmt_c1(section[f'c1_{latency}ms'])}", flush=True)
-                    cpu_before = gw.cpu_s()
-                    section["c32_0ms"] = throughput(
-                        direct, gateway, body(), seconds=args.wrk_seconds, rounds=args.wrk_rounds
-                    )
-                    served = sum(r["requests"] for r in section["c32_0ms"]["runs"]["gateway"])
-                    section["c32_0ms"]["cpu_ms_per_request"] = (gw.cpu_s() - cpu_before) * 1000 / max(1, served)
+                    section.update(c1_rows(direct, gateway, args))
+                    section["c32_0ms"] = c32_row(gw, direct, gateway, args)
                     print(f"   c32: {fmt_tp(section['c32_0ms'])}", flush=True)
                     if spread:
                         many = Target("gateway", gw_port, "/v1/chat/completions", ",".join(spread))
-                        cpu_before = gw.cpu_s()
-                        section["c32_accounts"] = throughput(
-                            direct, many, body(), seconds=args.wrk_seconds, rounds=args.wrk_rounds
-                        )
-                        served = sum(r["requests"] for r in section["c32_accounts"]["runs"]["gateway"])
-                        section["c32_accounts"]["cpu_ms_per_request"] = (
-                            (gw.cpu_s() - cpu_before) * 1000 / max(1, served)
-                        )
-                        section["c32_accounts"]["accounts"] = len(spread)
+                        section["c32_accounts"] = {**c32_row(gw, direct, many, args), "accounts": len(spread)}
                         print(f"   c32 over {len(spread)} accounts: {fmt_tp(section['c32_accounts'])}", flush=True)
                     if server == args.servers[0] and workers == args.workers[0]:
                         section["stream"] = streaming(
@@ -1322,16 +1307,8 @@ def bench_peers(args: argparse.Namespace, report: Report, env: dict[str, str], d
             target = Target("gateway", port, "/v1/chat/completions", key="sk-bench-unused", extra=extra)
             print(f"== peer {label}", flush=True)
             section: dict[str, Any] = {"profile": "peer", "server": label.split(" (")[0], "workers": 1}
-            for latency in args.latencies:
-                directive = f"[sim latency={latency}]" if latency else ""
-                section[f"c1_{latency}ms"] = latency_c1(
-                    direct, target, body(directive=directive), rounds=args.rounds, per_round=args.per_round
-                )
-                print(f"   c1 upstream {latency} ms: {fmt_c1(section[f'c1_{latency}ms'])}", flush=True)
-            cpu_before = peer.cpu_s()
-            section["c32_0ms"] = throughput(direct, target, body(), seconds=args.wrk_seconds, rounds=args.wrk_rounds)
-            served = sum(r["requests"] for r in section["c32_0ms"]["runs"]["gateway"])
-            section["c32_0ms"]["cpu_ms_per_request"] = (peer.cpu_s() - cpu_before) * 1000 / max(1, served)
+            section.update(c1_rows(direct, target, args))
+            section["c32_0ms"] = c32_row(peer, direct, target, args)
             print(f"   c32: {fmt_tp(section['c32_0ms'])}", flush=True)
             checked = stream_check(target)
             section["stream_check"] = checked
