@@ -283,7 +283,7 @@ async def rate_limit_admit(*, key: KeyInfo, tokens: int) -> Decision:
     admit, _ = _redis_scripts()
     names = _bucket_names(key)
     pending = _pending.get()
-    back = pending.pop(names[1], 0) if pending else 0
+    back = pending.pop(names[1], (key, 0))[1] if pending else 0
     try:
         allowed, wait, rl, tl = await admit(keys=list(names), args=[key.rpm or 0, key.tpm or 0, tokens, back])  # type: ignore[operator]
     except _REDIS_ERRORS as exc:
@@ -312,10 +312,9 @@ async def rate_limit_refund(*, key: KeyInfo, tokens: int) -> None:
 
 _refunds: set[asyncio.Task[None]] = set()  # strong refs until done (the loop keeps only weak ones)
 REFUND_FLUSH_S = 0.05
-# Per loop: tokens to give back per tpm bucket name, not yet sent (the key's next admit takes them).
-_pending: state.LoopLocal[dict[str, int]] = state.LoopLocal("proxy.ratelimit.pending")
-# Per loop: the keys behind the pending bucket names (their caps), and whether a flush is scheduled.
-_pending_keys: state.LoopLocal[dict[str, KeyInfo]] = state.LoopLocal("proxy.ratelimit.pending_keys")
+# Per loop: per tpm bucket name, its key and the tokens to give back not yet sent (the key's next admit
+# takes them).
+_pending: state.LoopLocal[dict[str, tuple[KeyInfo, int]]] = state.LoopLocal("proxy.ratelimit.pending")
 
 
 def rate_limit_refund_soon(*, key: KeyInfo, tokens: int) -> None:
@@ -329,23 +328,20 @@ def rate_limit_refund_soon(*, key: KeyInfo, tokens: int) -> None:
         _local.refund(key, tokens)  # this process's buckets: no round trip to save
         return
     pending = _pending.get() or _pending.set({})
-    keys = _pending_keys.get() or _pending_keys.set({})
     name = _bucket_names(key)[1]
     first = not pending
-    pending[name] = pending.get(name, 0) + tokens
-    keys[name] = key
+    pending[name] = (key, pending.get(name, (key, 0))[1] + tokens)
     if first:
         asyncio.get_running_loop().call_later(REFUND_FLUSH_S, _flush_refunds)
 
 
 def _flush_refunds() -> None:
     """Send the refunds no admit took since they were queued (one round trip each, concurrently)."""
-    pending, keys = _pending.get(), _pending_keys.get()
-    if not pending or keys is None:
+    pending = _pending.get()
+    if not pending:
         return
-    due = [(keys[name], tokens) for name, tokens in pending.items() if name in keys]
+    due = list(pending.values())
     pending.clear()
-    keys.clear()
     for key, tokens in due:
         task = asyncio.get_running_loop().create_task(rate_limit_refund(key=key, tokens=tokens))
         _refunds.add(task)
