@@ -55,8 +55,9 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Self
 
 import orjson
 from aiohttp import web
@@ -540,14 +541,16 @@ def _error(status: int, message: str) -> web.Response:
     return _json(status, {"error": {"message": message, "type": "server_error", "code": None, "param": None}})
 
 
-class SimulatorThread:
-    """Runs a Simulator on 127.0.0.1 and a free port in a daemon thread (for tests and demos in-process)."""
+class AppThread:
+    """Serves an aiohttp application on 127.0.0.1 and a free port from a daemon thread of its own (tests and
+    demos in-process). Handlers are cancelled when their client disconnects, as vLLM aborts such a request."""
 
-    def __init__(self, simulator: Simulator | None = None) -> None:
-        self.simulator = simulator or Simulator()
+    def __init__(self, make_app: Callable[[], web.Application], *, name: str) -> None:
+        self._make_app = make_app
+        self._name = name
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="worker-simulator", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -555,10 +558,10 @@ class SimulatorThread:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def start(self) -> SimulatorThread:
+    def start(self) -> Self:
         self._thread.start()
         if not self._ready.wait(10):
-            raise RuntimeError("the worker simulator did not start")
+            raise RuntimeError(f"the {self._name} did not start")
         return self
 
     def _run(self) -> None:
@@ -566,7 +569,7 @@ class SimulatorThread:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        self._runner = web.AppRunner(self.simulator.app(), handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(self._make_app(), handler_cancellation=True, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
         self._loop.run_until_complete(web.SockSite(self._runner, sock).start())
         self._ready.set()
@@ -577,6 +580,14 @@ class SimulatorThread:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+class SimulatorThread(AppThread):
+    """Runs a Simulator in-process (AppThread)."""
+
+    def __init__(self, simulator: Simulator | None = None) -> None:
+        self.simulator = simulator or Simulator()
+        super().__init__(self.simulator.app, name="worker simulator")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,6 +29,8 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+
+from devtools.simulator import AppThread
 
 _DIRECTIVE = re.compile(r"\[vllm([^\]]*)\]")
 
@@ -64,21 +64,13 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
     return max(1, words)
 
 
-class VllmWorker:
+class VllmWorker(AppThread):
     def __init__(self, *, models: tuple[str, ...] = ("acme/model-1",)) -> None:
+        super().__init__(self.app, name="vLLM-like worker")
         self.models = models
         self.stats = VllmStats()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vllm-worker", daemon=True)
-        self._runner: web.AppRunner | None = None
-        self.port = 0
         self.slow_next = 0  # this many next requests wait slow_ms before answering, whatever they ask
         self.slow_ms = 0.0
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -161,27 +153,3 @@ class VllmWorker:
         await response.write_eof()
         self.stats.finished += 1
         return response
-
-    def start(self) -> VllmWorker:
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("the vLLM-like worker did not start")
-        return self
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        # Cancelled on disconnect, as vLLM aborts a request whose client closed its connection.
-        self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
-        self._loop.run_until_complete(self._runner.setup())
-        self._loop.run_until_complete(web.SockSite(self._runner, sock).start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
