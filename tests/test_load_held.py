@@ -104,6 +104,23 @@ def test_a_burst_queues_for_the_database_pool_instead_of_failing(world, settings
     assert Reservation.objects.filter(status="settled").count() == 33
 
 
+def _slow_stream(world: dict[str, Any], directive: str, started: threading.Barrier, *, timeout: float) -> int:
+    """One stream read to its end; meets the others at `started` once its first bytes came. Its status."""
+    with httpx.stream(
+        "POST",
+        world["url"] + "/v1/chat/completions",
+        json={"model": "acme/model-1", "messages": [{"role": "user", "content": directive}], "stream": True},
+        headers={"Authorization": f"Bearer {world['secret']}"},
+        timeout=timeout,
+    ) as response:
+        first = True
+        for _ in response.iter_bytes():
+            if first:
+                started.wait(timeout / 2)
+                first = False
+        return response.status_code
+
+
 @pytest.mark.sqlite
 def test_past_the_in_flight_limit_new_requests_get_a_prompt_503_overloaded(world, settings):
     import time
@@ -114,20 +131,7 @@ def test_past_the_in_flight_limit_new_requests_get_a_prompt_503_overloaded(world
     answered: list[int] = []
 
     def slow_stream() -> None:
-        with httpx.stream(
-            "POST",
-            world["url"] + "/v1/chat/completions",
-            json={"model": "acme/model-1", "messages": [{"role": "user", "content": "[sim deltas=20 delay=150]"}]}
-            | {"stream": True},
-            headers={"Authorization": f"Bearer {world['secret']}"},
-            timeout=10,
-        ) as response:
-            first = True
-            for _ in response.iter_bytes():
-                if first:
-                    started.wait(5)
-                    first = False
-            answered.append(response.status_code)
+        answered.append(_slow_stream(world, "[sim deltas=20 delay=150]", started, timeout=10))
 
     holders = [threading.Thread(target=slow_stream) for _ in range(2)]
     try:
@@ -171,22 +175,12 @@ def test_one_statement_per_interval_renews_every_running_requests_lease(world, m
     gateway_server.run_on_loop(fresh_keeper())
     started = threading.Barrier(4)
 
-    def slow_stream() -> None:
-        with httpx.stream(
-            "POST",
-            world["url"] + "/v1/chat/completions",
-            json={"model": "acme/model-1", "messages": [{"role": "user", "content": "[sim deltas=12 delay=250]"}]}
-            | {"stream": True},
-            headers={"Authorization": f"Bearer {world['secret']}"},
-            timeout=20,
-        ) as response:
-            first = True
-            for _ in response.iter_bytes():
-                if first:
-                    started.wait(10)
-                    first = False
-
-    streams = [threading.Thread(target=slow_stream) for _ in range(3)]
+    streams = [
+        threading.Thread(
+            target=_slow_stream, args=(world, "[sim deltas=12 delay=250]", started), kwargs={"timeout": 20}
+        )
+        for _ in range(3)
+    ]
     for thread in streams:
         thread.start()
     started.wait(10)
